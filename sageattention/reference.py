@@ -1,0 +1,226 @@
+"""Reference attention: exact (float64) and simulated-quantization.
+
+`attention_ref` is the ground truth: float64 softmax attention with SDPA's semantics.
+
+`sage_ref` reproduces what the quantized kernels compute, step by step, so a kernel can be held
+to a tight bound against it (and loosely against `attention_ref`):
+
+1. K is smoothed: its mean over tokens (float32, per batch, head and channel) is subtracted.
+   That shifts every score of a query row by the same amount, so softmax is unchanged; only the
+   LSE needs the correction ``sm_scale * q . mean(k)``, which is added back.
+2. Q is quantized to INT8 per block of ``block_m`` tokens, K per block of ``block_n`` tokens:
+   ``x_int8 = round_half_even(x * (127 / amax))``; the scale is ``amax / 127``, and for Q it also
+   carries ``sm_scale * log2(e)`` so that scores come out in the log2 domain.
+3. Scores: the INT8 product (exact in int32), converted to float32 and multiplied by
+   ``q_scale * k_scale``.
+4. Online softmax over key blocks of ``block_n`` in float32 with exp2, as the kernels run it: the
+   running max decides the scale at which each block's P is rounded.
+5. P·V: FP16 P times FP16 V (bf16 V is converted to fp16), or FP8 e4m3 ``P * 448`` times FP8 V
+   quantized per channel (``amax / 448``), accumulated in float32; the output is divided by
+   the row sum (and by 448 and multiplied by the V scale for FP8).
+
+Causal masking follows SDPA's ``is_causal``: query ``i`` sees keys ``j <= i`` counted from the
+top-left corner, also when the query and key lengths differ. A row with no visible key (possible
+only with ``attn_mask``) gives an output of 0 and an LSE of -inf.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .quant import FP8_E4M3_MAX, INT8_MAX, LOG2E, PVDtype, default_sm_scale
+
+__all__ = [
+    "attention_ref",
+    "sage_ref",
+    "quantize_per_block_ref",
+    "quantize_v_fp8_ref",
+    "QuantizedQK",
+    "to_hnd",
+]
+
+
+def to_hnd(x: torch.Tensor, tensor_layout: str) -> torch.Tensor:
+    """View a [B, N, H, D] ("NHD") tensor as [B, H, N, D]; "HND" passes through."""
+    if tensor_layout == "NHD":
+        return x.transpose(1, 2)
+    if tensor_layout == "HND":
+        return x
+    raise ValueError(f"tensor_layout={tensor_layout!r} is not supported; valid values: 'HND', 'NHD'")
+
+
+def _expand_kv(x: torch.Tensor, num_q_heads: int) -> torch.Tensor:
+    """Repeat KV heads for grouped-query attention."""
+    groups = num_q_heads // x.shape[1]
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+def _visible(nq: int, nk: int, is_causal: bool, attn_mask, device) -> torch.Tensor | None:
+    """Boolean [.., Nq, Nk] mask of visible keys, or None when all are visible."""
+    visible = None
+    if is_causal:
+        visible = torch.ones(nq, nk, dtype=torch.bool, device=device).tril()
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        visible = attn_mask if visible is None else (visible & attn_mask)
+    return visible
+
+
+def attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    tensor_layout: str = "HND",
+    is_causal: bool = False,
+    sm_scale: float | None = None,
+    attn_mask: torch.Tensor | None = None,
+    return_lse: bool = False,
+):
+    """Float64 attention with SDPA semantics (GQA allowed). Returns float64 output
+    (and the natural-log LSE [B, H, Nq] in float64 when ``return_lse``)."""
+    q, k, v = (to_hnd(t, tensor_layout).double() for t in (q, k, v))
+    if sm_scale is None:
+        sm_scale = default_sm_scale(q.shape[-1])
+    k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
+    s = (q @ k.transpose(-1, -2)) * sm_scale
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        s = s + attn_mask.double()
+    visible = _visible(q.shape[2], k.shape[2], is_causal, attn_mask, q.device)
+    if visible is not None:
+        s = s.masked_fill(~visible, -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.unsqueeze(-1).masked_fill(lse.unsqueeze(-1) == -math.inf, 0.0))
+    o = p @ v
+    o = to_hnd(o, tensor_layout)  # the transpose is its own inverse
+    return (o, lse) if return_lse else o
+
+
+@dataclass
+class QuantizedQK:
+    """INT8 Q and K (held as integer-valued float32) with their per-block scales."""
+
+    q: torch.Tensor  # [B, Hq, Nq, D]
+    q_scale: torch.Tensor  # [B, Hq, ceil(Nq / block_m)], includes sm_scale * log2(e)
+    k: torch.Tensor  # [B, Hkv, Nk, D]
+    k_scale: torch.Tensor  # [B, Hkv, ceil(Nk / block_n)]
+    k_mean: torch.Tensor | None  # [B, Hkv, D] float32, when smoothed
+
+
+def quantize_per_block_ref(x: torch.Tensor, block: int, extra_scale: float = 1.0):
+    """Per-block symmetric INT8 of a [B, H, N, D] float32 tensor.
+
+    Returns (integer-valued float32 tensor, scale [B, H, ceil(N / block)]). The scale is
+    ``amax / 127 * extra_scale``; an all-zero block gets scale 0 and zeros.
+    """
+    b, h, n, d = x.shape
+    nblk = -(-n // block)
+    padded = torch.nn.functional.pad(x, (0, 0, 0, nblk * block - n))
+    blocks = padded.view(b, h, nblk, block * d)
+    amax = blocks.abs().amax(dim=-1)
+    inv = torch.where(amax > 0, INT8_MAX / amax, torch.zeros_like(amax))
+    xq = torch.round(blocks * inv.unsqueeze(-1)).clamp_(-INT8_MAX, INT8_MAX)
+    xq = xq.view(b, h, nblk * block, d)[:, :, :n]
+    scale = amax * torch.tensor(extra_scale / INT8_MAX, dtype=torch.float32)
+    return xq, scale
+
+
+def quantize_v_fp8_ref(v: torch.Tensor):
+    """Per-channel FP8 e4m3 of V [B, H, N, D]: (fp8 values as float32, scale [B, H, D])."""
+    v = v.float()
+    amax = v.abs().amax(dim=2)
+    inv = torch.where(amax > 0, FP8_E4M3_MAX / amax, torch.zeros_like(amax))
+    v8 = (v * inv.unsqueeze(2)).to(torch.float8_e4m3fn).float()
+    return v8, amax / FP8_E4M3_MAX
+
+
+def quantize_qk_ref(q, k, *, sm_scale: float, block_m: int, block_n: int, smooth_k: bool) -> QuantizedQK:
+    """Quantize HND q, k as the kernels do (smooth-K, per-block INT8, scale folding)."""
+    qf, kf = q.float(), k.float()
+    k_mean = kf.mean(dim=2) if smooth_k else None
+    if k_mean is not None:
+        kf = kf - k_mean.unsqueeze(2)
+    q8, q_scale = quantize_per_block_ref(qf, block_m, extra_scale=sm_scale * LOG2E)
+    k8, k_scale = quantize_per_block_ref(kf, block_n)
+    return QuantizedQK(q8, q_scale, k8, k_scale, k_mean)
+
+
+def sage_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    tensor_layout: str = "HND",
+    is_causal: bool = False,
+    sm_scale: float | None = None,
+    attn_mask: torch.Tensor | None = None,
+    pv: PVDtype = PVDtype.FP16,
+    smooth_k: bool = True,
+    block_m: int = 128,
+    block_n: int = 64,
+    return_lse: bool = False,
+):
+    """Simulated-quantization attention: what the Triton kernels compute, in float32 steps.
+
+    Output is float32 in the caller's layout; LSE (natural log, float32, [B, Hq, Nq]) when asked.
+    """
+    q, k, v = (to_hnd(t, tensor_layout) for t in (q, k, v))
+    b, hq, nq, d = q.shape
+    nk = k.shape[2]
+    if sm_scale is None:
+        sm_scale = default_sm_scale(d)
+    qk = quantize_qk_ref(q, k, sm_scale=sm_scale, block_m=block_m, block_n=block_n, smooth_k=smooth_k)
+    if pv is PVDtype.FP8:
+        v_q, v_scale = quantize_v_fp8_ref(v)
+    else:
+        v_q, v_scale = v.to(torch.float16).float(), None
+
+    q8 = qk.q.double()
+    k8 = _expand_kv(qk.k, hq).double()
+    k_scale = _expand_kv(qk.k_scale, hq)
+    v_q = _expand_kv(v_q, hq)
+    q_scale_rows = qk.q_scale.repeat_interleave(block_m, dim=-1)[..., :nq]  # [B, H, Nq]
+
+    additive = None
+    if attn_mask is not None and attn_mask.dtype != torch.bool:
+        additive = attn_mask.float() * torch.tensor(LOG2E, dtype=torch.float32)
+    visible = _visible(nq, nk, is_causal, attn_mask, q.device)
+
+    m = torch.full((b, hq, nq), -math.inf, device=q.device)
+    l_sum = torch.zeros((b, hq, nq), device=q.device)
+    acc = torch.zeros((b, hq, nq, v.shape[-1]), device=q.device)
+    for start in range(0, nk, block_n):
+        stop = min(start + block_n, nk)
+        s_int = (q8 @ k8[:, :, start:stop].transpose(-1, -2)).float()
+        blk = start // block_n
+        s = s_int * (q_scale_rows.unsqueeze(-1) * k_scale[:, :, blk].reshape(b, hq, 1, 1))
+        if additive is not None:
+            s = s + additive.expand(b, hq, nq, nk)[..., start:stop]
+        if visible is not None:
+            s = s.masked_fill(~visible.expand(b, hq, nq, nk)[..., start:stop], -math.inf)
+        m_new = torch.maximum(m, s.amax(dim=-1))
+        m_safe = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
+        p = torch.exp2(s - m_safe.unsqueeze(-1))
+        alpha = torch.exp2(m - m_safe)
+        l_sum = l_sum * alpha + p.sum(dim=-1)
+        if pv is PVDtype.FP8:
+            p_q = (p * FP8_E4M3_MAX).to(torch.float8_e4m3fn).float()
+        else:
+            p_q = p.to(torch.float16).float()
+        pv_blk = (p_q.double() @ v_q[:, :, start:stop].double()).float()
+        acc = acc * alpha.unsqueeze(-1) + pv_blk
+        m = m_new
+
+    denom = l_sum if pv is PVDtype.FP16 else l_sum * FP8_E4M3_MAX
+    out = torch.where(denom.unsqueeze(-1) > 0, acc / denom.unsqueeze(-1), torch.zeros_like(acc))
+    if v_scale is not None:
+        out = out * _expand_kv(v_scale, hq).unsqueeze(2)
+    out = to_hnd(out, tensor_layout)
+    if not return_lse:
+        return out
+    lse = (m + torch.log2(l_sum)) / LOG2E
+    if qk.k_mean is not None:
+        lse = lse + sm_scale * (q.float() @ _expand_kv(qk.k_mean, hq).unsqueeze(-1)).squeeze(-1)
+    return out, lse
