@@ -48,8 +48,9 @@ def implementations():
 
     def triton_impl(pv):
         def run(q, k, v, causal):
-            return launch.attention_fwd(q, k, v, is_causal=causal, sm_scale=q.shape[-1] ** -0.5, pv=pv,
-                                        smooth_k=True)[0]
+            return launch.attention_fwd(
+                q, k, v, is_causal=causal, sm_scale=q.shape[-1] ** -0.5, pv=pv, smooth_k=True
+            )[0]
 
         return run
 
@@ -72,17 +73,30 @@ def main(argv=None) -> int:
                 out = fn(q, k, v, causal)
                 bm, bn = kernel_block_sizes(pv, q.shape[-1])
                 sim = sage_ref(q, k, v, is_causal=causal, pv=pv, block_m=bm, block_n=bn)
-                row = {"impl": name, "inputs": kind, "causal": causal,
-                       "vs_fp64": metrics(out, ref), "vs_simulated": metrics(out, sim),
-                       "simulated_vs_fp64": metrics(sim, ref)}
+                row = {
+                    "impl": name,
+                    "inputs": kind,
+                    "causal": causal,
+                    "vs_fp64": metrics(out, ref),
+                    "vs_simulated": metrics(out, sim),
+                    "simulated_vs_fp64": metrics(sim, ref),
+                }
                 results.append(row)
                 a, s = row["vs_fp64"], row["vs_simulated"]
-                print(f"{name:14s} {kind:7s} causal={int(causal)}  fp64: cos={a['cos']:.6f} "
-                      f"relL1={a['rel_l1']:.4f} rmse={a['rmse']:.2e}  sim: cos={s['cos']:.8f} "
-                      f"relL1={s['rel_l1']:.2e}", flush=True)
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "shape": {"b": 1, "h": 8, "n": args.n, "d": 128}, "dtype": "bfloat16"}
+                print(
+                    f"{name:14s} {kind:7s} causal={int(causal)}  fp64: cos={a['cos']:.6f} "
+                    f"relL1={a['rel_l1']:.4f} rmse={a['rmse']:.2e}  sim: cos={s['cos']:.8f} "
+                    f"relL1={s['rel_l1']:.2e}",
+                    flush=True,
+                )
+    meta = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "shape": {"b": 1, "h": 8, "n": args.n, "d": 128},
+        "dtype": "bfloat16",
+    }
     out = args.out or ROOT / "bench" / "results" / f"accuracy-{datetime.date.today().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "rows": results}, indent=1))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import pathlib
 import platform
@@ -52,8 +53,9 @@ def _sage_kernel_only(pv_name: str):
     pv = PVDtype(pv_name)
 
     def run(q, k, v, causal):
-        return launch.attention_fwd(q, k, v, is_causal=causal, sm_scale=q.shape[-1] ** -0.5, pv=pv,
-                                    smooth_k=True)
+        return launch.attention_fwd(
+            q, k, v, is_causal=causal, sm_scale=q.shape[-1] ** -0.5, pv=pv, smooth_k=True
+        )
 
     return run
 
@@ -83,8 +85,12 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dims", type=int, nargs="+", default=[128, 64])
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768])
     ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
-    ap.add_argument("--impls", nargs="+", default=["sdpa-flash", "sdpa-cudnn", "sage-triton-fp8",
-                                                   "sage-triton-fp16"], choices=sorted(IMPLS))
+    ap.add_argument(
+        "--impls",
+        nargs="+",
+        default=["sdpa-flash", "sdpa-cudnn", "sage-triton-fp8", "sage-triton-fp16"],
+        choices=sorted(IMPLS),
+    )
     ap.add_argument("--rep", type=int, default=200, help="do_bench repetition time in ms")
     ap.add_argument("--out", type=pathlib.Path, default=None)
     ap.add_argument("--tag", default="", help="suffix of the result file name")
@@ -106,12 +112,18 @@ def main(argv=None) -> int:
             for n in args.lengths:
                 gen = torch.Generator(device=dev).manual_seed(n + d)
                 shape = (args.batch, args.heads, n, d)
-                q, k, v = (torch.randn(shape, device=dev, dtype=torch.bfloat16, generator=gen) for _ in range(3))
+                q, k, v = (
+                    torch.randn(shape, device=dev, dtype=torch.bfloat16, generator=gen) for _ in range(3)
+                )
                 line = {"b": args.batch, "h": args.heads, "n": n, "d": d, "causal": causal}
                 for impl, fn in runners.items():
                     try:
-                        ms = triton.testing.do_bench(lambda fn=fn: fn(q, k, v, causal), warmup=25, rep=args.rep,
-                                                     return_mode="median")
+                        ms = triton.testing.do_bench(
+                            functools.partial(fn, q, k, v, causal),
+                            warmup=25,
+                            rep=args.rep,
+                            return_mode="median",
+                        )
                     except RuntimeError as exc:  # e.g. a backend that refuses this shape
                         print(f"{impl} n={n} d={d} causal={causal}: {exc}".splitlines()[0], file=sys.stderr)
                         continue

@@ -1,6 +1,6 @@
 """Plot a bench/results JSON: TOPS against sequence length, one panel per (head dim, causal).
 
-    python bench/plot.py bench/results/attention-NVIDIA_H100_80GB_HBM3-2026-11-22.json
+python bench/plot.py bench/results/attention-NVIDIA_H100_80GB_HBM3-2026-11-22.json
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ causality; prints TOPS per setting so `launch._launch_config` can be set from me
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import pathlib
 import sys
@@ -39,9 +40,17 @@ def main(argv=None) -> int:
             for w, st in itertools.product(args.warps, args.stages):
                 launch._launch_config = lambda *a, w=w, st=st: {"num_warps": w, "num_stages": st}
                 try:
-                    ms = triton.testing.do_bench(
-                        lambda: launch.attention_fwd(q, k, v, is_causal=causal, sm_scale=d**-0.5, pv=pv,
-                                                     smooth_k=True), warmup=25, rep=100, return_mode="median")
+                    call = functools.partial(
+                        launch.attention_fwd,
+                        q,
+                        k,
+                        v,
+                        is_causal=causal,
+                        sm_scale=d**-0.5,
+                        pv=pv,
+                        smooth_k=True,
+                    )
+                    ms = triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
                     cells.append(f"w{w}s{st}={tops(b, h, n, d, causal, ms):.0f}")
                 except Exception as exc:  # noqa: BLE001 - a setting that fails to compile is reported, not fatal
                     cells.append(f"w{w}s{st}=ERR({type(exc).__name__})")

@@ -30,10 +30,32 @@ MASK_ADD = tl.constexpr(2)
 
 @triton.jit
 def _attn_blocks(
-    acc, l_i, m_i, q, q_scale, k_base, v_base, ks_base, mask_base, rows, row_ok, cols_d, lo, hi, len_k,
-    stride_kn, stride_vn, stride_vd, stride_mm, stride_mn,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PV_FP8: tl.constexpr,
-    EDGE: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
+    acc,
+    l_i,
+    m_i,
+    q,
+    q_scale,
+    k_base,
+    v_base,
+    ks_base,
+    mask_base,
+    rows,
+    row_ok,
+    cols_d,
+    lo,
+    hi,
+    len_k,
+    stride_kn,
+    stride_vn,
+    stride_vd,
+    stride_mm,
+    stride_mn,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PV_FP8: tl.constexpr,
+    EDGE: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    MASK_KIND: tl.constexpr,
 ):
     """Online softmax over key blocks [lo, hi). EDGE: the blocks may reach past len_k or the diagonal."""
     for start_n in range(lo, hi, BLOCK_N):
@@ -48,13 +70,15 @@ def _attn_blocks(
         if MASK_KIND == MASK_ADD:
             add = tl.load(
                 mask_base + rows[:, None] * stride_mm + cols[None, :] * stride_mn,
-                mask=row_ok[:, None] & col_ok[None, :], other=0.0,
+                mask=row_ok[:, None] & col_ok[None, :],
+                other=0.0,
             )
             s += add.to(tl.float32) * LOG2E
         if MASK_KIND == MASK_BOOL:
             keep = tl.load(
                 mask_base + rows[:, None] * stride_mm + cols[None, :] * stride_mn,
-                mask=row_ok[:, None] & col_ok[None, :], other=0,
+                mask=row_ok[:, None] & col_ok[None, :],
+                other=0,
             )
             s = tl.where(keep != 0, s, float("-inf"))
         if EDGE:
@@ -93,20 +117,56 @@ def _attn_blocks(
 
 @triton.jit
 def _attn_kernel(
-    Q, K, V, QS, KS, VS, O, LSE, CORR, MASK, cu_q, cu_k,
-    stride_qb, stride_qh, stride_qn,
-    stride_kb, stride_kh, stride_kn,
-    stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_qsb, stride_qsh,
-    stride_ksb, stride_ksh,
-    stride_vsb, stride_vsh,
-    stride_ob, stride_oh, stride_on,
-    stride_lb, stride_lh,
-    stride_mb, stride_mh, stride_mm, stride_mn,
-    nq, nk, kv_group,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
-    PV_FP8: tl.constexpr, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
-    VARLEN: tl.constexpr, RETURN_LSE: tl.constexpr, LSE_CORR: tl.constexpr,
+    Q,
+    K,
+    V,
+    QS,
+    KS,
+    VS,
+    OUT,
+    LSE,
+    CORR,
+    MASK,
+    cu_q,
+    cu_k,
+    stride_qb,
+    stride_qh,
+    stride_qn,
+    stride_kb,
+    stride_kh,
+    stride_kn,
+    stride_vb,
+    stride_vh,
+    stride_vn,
+    stride_vd,
+    stride_qsb,
+    stride_qsh,
+    stride_ksb,
+    stride_ksh,
+    stride_vsb,
+    stride_vsh,
+    stride_ob,
+    stride_oh,
+    stride_on,
+    stride_lb,
+    stride_lh,
+    stride_mb,
+    stride_mh,
+    stride_mm,
+    stride_mn,
+    nq,
+    nk,
+    kv_group,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D_PAD: tl.constexpr,
+    PV_FP8: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    MASK_KIND: tl.constexpr,
+    VARLEN: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
+    LSE_CORR: tl.constexpr,
 ):
     pid_m, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if IS_CAUSAL:
@@ -131,7 +191,8 @@ def _attn_kernel(
     row_ok = rows < len_q
     q = tl.load(
         Q + b * stride_qb + h * stride_qh + (q0 + rows)[:, None] * stride_qn + cols_d[None, :],
-        mask=row_ok[:, None], other=0,
+        mask=row_ok[:, None],
+        other=0,
     )
     q_scale = tl.load(QS + b * stride_qsb + h * stride_qsh + q0 + rows, mask=row_ok, other=0.0)
 
@@ -154,14 +215,60 @@ def _attn_kernel(
     if MASK_KIND != MASK_NONE:
         mask_base = MASK + b * stride_mb + h * stride_mh
     acc, l_i, m_i = _attn_blocks(
-        acc, l_i, m_i, q, q_scale, k_base, v_base, ks_base, mask_base, rows, row_ok, cols_d, 0, full_hi, len_k,
-        stride_kn, stride_vn, stride_vd, stride_mm, stride_mn,
-        HEAD_DIM, BLOCK_N, PV_FP8, False, False, MASK_KIND,
+        acc,
+        l_i,
+        m_i,
+        q,
+        q_scale,
+        k_base,
+        v_base,
+        ks_base,
+        mask_base,
+        rows,
+        row_ok,
+        cols_d,
+        0,
+        full_hi,
+        len_k,
+        stride_kn,
+        stride_vn,
+        stride_vd,
+        stride_mm,
+        stride_mn,
+        HEAD_DIM,
+        BLOCK_N,
+        PV_FP8,
+        False,
+        False,
+        MASK_KIND,
     )
     acc, l_i, m_i = _attn_blocks(
-        acc, l_i, m_i, q, q_scale, k_base, v_base, ks_base, mask_base, rows, row_ok, cols_d, full_hi, hi, len_k,
-        stride_kn, stride_vn, stride_vd, stride_mm, stride_mn,
-        HEAD_DIM, BLOCK_N, PV_FP8, True, IS_CAUSAL, MASK_KIND,
+        acc,
+        l_i,
+        m_i,
+        q,
+        q_scale,
+        k_base,
+        v_base,
+        ks_base,
+        mask_base,
+        rows,
+        row_ok,
+        cols_d,
+        full_hi,
+        hi,
+        len_k,
+        stride_kn,
+        stride_vn,
+        stride_vd,
+        stride_mm,
+        stride_mn,
+        HEAD_DIM,
+        BLOCK_N,
+        PV_FP8,
+        True,
+        IS_CAUSAL,
+        MASK_KIND,
     )
 
     denom = l_i
@@ -173,8 +280,8 @@ def _attn_kernel(
         v_scale = tl.load(VS + b * stride_vsb + hk * stride_vsh + cols_d, mask=cols_d < HEAD_DIM, other=0.0)
         out = out * v_scale[None, :]
     tl.store(
-        O + b * stride_ob + h * stride_oh + (q0 + rows)[:, None] * stride_on + cols_d[None, :],
-        out.to(O.dtype.element_ty),
+        OUT + b * stride_ob + h * stride_oh + (q0 + rows)[:, None] * stride_on + cols_d[None, :],
+        out.to(OUT.dtype.element_ty),
         mask=row_ok[:, None] & (cols_d < HEAD_DIM)[None, :],
     )
     if RETURN_LSE:

@@ -36,7 +36,7 @@ def _d_pad(head_dim: int) -> int:
     return max(32, triton.next_power_of_2(head_dim))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _launch_config(capability: tuple[int, int], d_pad: int, pv: PVDtype) -> dict:
     """num_warps / num_stages per target, from measurements (bench/results)."""
     # H200, b=4 h=32 d=128 (bench/sweep_triton.py): FP16 P·V 490-556 TOPS with 4 warps against
@@ -66,9 +66,25 @@ def _quantize_q(q, scale_out, corr, km, cu, *, n, batch, sm_scale, kv_group, d_p
     kms = (km.stride(0), km.stride(1)) if km is not None else (0, 0)
     grid = (triton.cdiv(n, QUANT_BLOCK), heads, batch)
     _quant._quant_q_kernel[grid](
-        q, qq, scale_out, km, corr, cu, *xs, *qs, *ss, *kms,
-        n, head_dim, kv_group, sm_scale * _quant.Q_SCALE_MUL, sm_scale,
-        BLOCK=QUANT_BLOCK, D_PAD=d_pad, VARLEN=varlen, WITH_CORR=corr is not None,
+        q,
+        qq,
+        scale_out,
+        km,
+        corr,
+        cu,
+        *xs,
+        *qs,
+        *ss,
+        *kms,
+        n,
+        head_dim,
+        kv_group,
+        sm_scale * _quant.Q_SCALE_MUL,
+        sm_scale,
+        BLOCK=QUANT_BLOCK,
+        D_PAD=d_pad,
+        VARLEN=varlen,
+        WITH_CORR=corr is not None,
     )
     return qq
 
@@ -85,8 +101,22 @@ def _quantize_k(k, km, cu, *, n, batch, block_n, d_pad, varlen):
         xs, qs = (k.stride(0), k.stride(1), k.stride(2)), (kq.stride(0), kq.stride(1), kq.stride(2))
     kms = (km.stride(0), km.stride(1)) if km is not None else (0, 0)
     _quant._quant_k_kernel[(nblk, heads, batch)](
-        k, kq, ks, km, cu, *xs, *qs, ks.stride(0), ks.stride(1), *kms,
-        n, head_dim, BLOCK=block_n, D_PAD=d_pad, VARLEN=varlen, SMOOTH=km is not None,
+        k,
+        kq,
+        ks,
+        km,
+        cu,
+        *xs,
+        *qs,
+        ks.stride(0),
+        ks.stride(1),
+        *kms,
+        n,
+        head_dim,
+        BLOCK=block_n,
+        D_PAD=d_pad,
+        VARLEN=varlen,
+        SMOOTH=km is not None,
     )
     return kq, ks
 
@@ -102,8 +132,19 @@ def _quantize_v_fp8(v, vmax, cu, *, n, batch, total, d_pad, varlen):
         vt = torch.empty(batch, heads, d_pad, n16, dtype=torch.float8_e4m3fn, device=v.device)
         xs, ts = (v.stride(0), v.stride(1), v.stride(2)), (vt.stride(0), vt.stride(1), vt.stride(2))
     _quant._quant_v_fp8_kernel[(triton.cdiv(n, QUANT_BLOCK), heads, batch)](
-        v, vt, vmax, cu, *xs, *ts, vmax.stride(0), vmax.stride(1), n, head_dim,
-        BLOCK=QUANT_BLOCK, D_PAD=d_pad, VARLEN=varlen,
+        v,
+        vt,
+        vmax,
+        cu,
+        *xs,
+        *ts,
+        vmax.stride(0),
+        vmax.stride(1),
+        n,
+        head_dim,
+        BLOCK=QUANT_BLOCK,
+        D_PAD=d_pad,
+        VARLEN=varlen,
     )
     return vt
 
@@ -118,8 +159,18 @@ def _mask_args(attn_mask, b, h, nq, nk):
     return m, kind, tuple(m.stride())
 
 
-def attention_fwd(q, k, v, *, is_causal: bool, sm_scale: float, pv: PVDtype, smooth_k: bool,
-                  attn_mask: torch.Tensor | None = None, return_lse: bool = False):
+def attention_fwd(
+    q,
+    k,
+    v,
+    *,
+    is_causal: bool,
+    sm_scale: float,
+    pv: PVDtype,
+    smooth_k: bool,
+    attn_mask: torch.Tensor | None = None,
+    return_lse: bool = False,
+):
     """Quantized attention on HND views. Returns (out like q, lse [B, Hq, Nq] float32 or None)."""
     b, hq, nq, head_dim = q.shape
     hkv, nk = k.shape[1], k.shape[2]
@@ -130,8 +181,19 @@ def attention_fwd(q, k, v, *, is_causal: bool, sm_scale: float, pv: PVDtype, smo
     km = k.mean(dim=2, dtype=torch.float32) if smooth_k else None
     q_scale = torch.empty(b, hq, nq, dtype=torch.float32, device=dev)
     corr = torch.empty_like(q_scale) if (return_lse and km is not None) else None
-    qq = _quantize_q(q, q_scale, corr, km, None, n=nq, batch=b, sm_scale=sm_scale, kv_group=hq // hkv,
-                     d_pad=d_pad, varlen=False)
+    qq = _quantize_q(
+        q,
+        q_scale,
+        corr,
+        km,
+        None,
+        n=nq,
+        batch=b,
+        sm_scale=sm_scale,
+        kv_group=hq // hkv,
+        d_pad=d_pad,
+        varlen=False,
+    )
     kq, ks = _quantize_k(k, km, None, n=nk, batch=b, block_n=block_n, d_pad=d_pad, varlen=False)
     if pv is PVDtype.FP8:
         vmax = torch.linalg.vector_norm(v, ord=float("inf"), dim=2, dtype=torch.float32)
@@ -150,27 +212,67 @@ def attention_fwd(q, k, v, *, is_causal: bool, sm_scale: float, pv: PVDtype, smo
     mask, mask_kind, mask_strides = _mask_args(attn_mask, b, hq, nq, nk)
     grid = (triton.cdiv(nq, BLOCK_M), hq, b)
     _attn._attn_kernel[grid](
-        qq, kq, vv, q_scale, ks, vs, out, lse, corr, mask, None, None,
-        qq.stride(0), qq.stride(1), qq.stride(2),
-        kq.stride(0), kq.stride(1), kq.stride(2),
+        qq,
+        kq,
+        vv,
+        q_scale,
+        ks,
+        vs,
+        out,
+        lse,
+        corr,
+        mask,
+        None,
+        None,
+        qq.stride(0),
+        qq.stride(1),
+        qq.stride(2),
+        kq.stride(0),
+        kq.stride(1),
+        kq.stride(2),
         *v_strides,
-        q_scale.stride(0), q_scale.stride(1),
-        ks.stride(0), ks.stride(1),
+        q_scale.stride(0),
+        q_scale.stride(1),
+        ks.stride(0),
+        ks.stride(1),
         *vs_strides,
-        out.stride(0), out.stride(1), out.stride(2),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
         *((lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)),
         *mask_strides,
-        nq, nk, hq // hkv,
-        HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=block_n, D_PAD=d_pad,
-        PV_FP8=pv is PVDtype.FP8, IS_CAUSAL=is_causal, MASK_KIND=mask_kind,
-        VARLEN=False, RETURN_LSE=return_lse, LSE_CORR=corr is not None,
+        nq,
+        nk,
+        hq // hkv,
+        HEAD_DIM=head_dim,
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=block_n,
+        D_PAD=d_pad,
+        PV_FP8=pv is PVDtype.FP8,
+        IS_CAUSAL=is_causal,
+        MASK_KIND=mask_kind,
+        VARLEN=False,
+        RETURN_LSE=return_lse,
+        LSE_CORR=corr is not None,
         **_launch_config(_capability(dev), d_pad, pv),
     )
     return out, lse
 
 
-def varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
-               is_causal: bool, sm_scale: float, pv: PVDtype, smooth_k: bool):
+def varlen_fwd(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    is_causal: bool,
+    sm_scale: float,
+    pv: PVDtype,
+    smooth_k: bool,
+):
     """Packed sequences: q [Tq, Hq, D], k/v [Tk, Hkv, D]; K smoothed per sequence."""
     tq, hq, head_dim = q.shape
     tk, hkv = k.shape[0], k.shape[1]
@@ -185,18 +287,44 @@ def varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqle
     if need_stats:
         ref = km if km is not None else vmax
         _quant._seq_stats_kernel[(hkv, batch)](
-            k, v, km, vmax, cu_seqlens_k, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            ref.stride(0), ref.stride(1), head_dim,
-            BLOCK=QUANT_BLOCK, D_PAD=d_pad, SMOOTH=smooth_k, V_AMAX=vmax is not None,
+            k,
+            v,
+            km,
+            vmax,
+            cu_seqlens_k,
+            k.stride(0),
+            k.stride(1),
+            v.stride(0),
+            v.stride(1),
+            ref.stride(0),
+            ref.stride(1),
+            head_dim,
+            BLOCK=QUANT_BLOCK,
+            D_PAD=d_pad,
+            SMOOTH=smooth_k,
+            V_AMAX=vmax is not None,
         )
     q_scale = torch.empty(hq, tq, dtype=torch.float32, device=dev)
-    qq = _quantize_q(q, q_scale, None, None, cu_seqlens_q, n=max_seqlen_q, batch=batch, sm_scale=sm_scale,
-                     kv_group=hq // hkv, d_pad=d_pad, varlen=True)
-    kq, ks = _quantize_k(k, km, cu_seqlens_k, n=max_seqlen_k, batch=batch, block_n=block_n, d_pad=d_pad,
-                         varlen=True)
+    qq = _quantize_q(
+        q,
+        q_scale,
+        None,
+        None,
+        cu_seqlens_q,
+        n=max_seqlen_q,
+        batch=batch,
+        sm_scale=sm_scale,
+        kv_group=hq // hkv,
+        d_pad=d_pad,
+        varlen=True,
+    )
+    kq, ks = _quantize_k(
+        k, km, cu_seqlens_k, n=max_seqlen_k, batch=batch, block_n=block_n, d_pad=d_pad, varlen=True
+    )
     if pv is PVDtype.FP8:
-        vv = _quantize_v_fp8(v, vmax, cu_seqlens_k, n=max_seqlen_k, batch=batch, total=tk, d_pad=d_pad,
-                             varlen=True)
+        vv = _quantize_v_fp8(
+            v, vmax, cu_seqlens_k, n=max_seqlen_k, batch=batch, total=tk, d_pad=d_pad, varlen=True
+        )
         vs = vmax * (1.0 / FP8_E4M3_MAX)
         v_strides = (0, vv.stride(0), 1, vv.stride(1))
         vs_strides = (vs.stride(0), vs.stride(1))
@@ -209,20 +337,52 @@ def varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqle
     out = torch.empty_like(q)
     grid = (triton.cdiv(max_seqlen_q, BLOCK_M), hq, batch)
     _attn._attn_kernel[grid](
-        qq, kq, vv, q_scale, ks, vs, out, None, None, None, cu_seqlens_q, cu_seqlens_k,
-        0, qq.stride(1), qq.stride(0),
-        0, kq.stride(1), kq.stride(0),
+        qq,
+        kq,
+        vv,
+        q_scale,
+        ks,
+        vs,
+        out,
+        None,
+        None,
+        None,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        0,
+        qq.stride(1),
+        qq.stride(0),
+        0,
+        kq.stride(1),
+        kq.stride(0),
         *v_strides,
-        0, q_scale.stride(0),
-        ks.stride(0), ks.stride(1),
+        0,
+        q_scale.stride(0),
+        ks.stride(0),
+        ks.stride(1),
         *vs_strides,
-        0, out.stride(1), out.stride(0),
-        0, 0,
-        0, 0, 0, 0,
-        max_seqlen_q, max_seqlen_k, hq // hkv,
-        HEAD_DIM=head_dim, BLOCK_M=BLOCK_M, BLOCK_N=block_n, D_PAD=d_pad,
-        PV_FP8=pv is PVDtype.FP8, IS_CAUSAL=is_causal, MASK_KIND=_attn.MASK_NONE.value,
-        VARLEN=True, RETURN_LSE=False, LSE_CORR=False,
+        0,
+        out.stride(1),
+        out.stride(0),
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        max_seqlen_q,
+        max_seqlen_k,
+        hq // hkv,
+        HEAD_DIM=head_dim,
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=block_n,
+        D_PAD=d_pad,
+        PV_FP8=pv is PVDtype.FP8,
+        IS_CAUSAL=is_causal,
+        MASK_KIND=_attn.MASK_NONE.value,
+        VARLEN=True,
+        RETURN_LSE=False,
+        LSE_CORR=False,
         **_launch_config(_capability(dev), d_pad, pv),
     )
     return out

@@ -36,13 +36,31 @@ def _seq_bounds(cu_seqlens, b, n, VARLEN: tl.constexpr):
 
 @triton.jit
 def _quant_q_kernel(
-    X, XQ, XS, KM, CORR, cu_seqlens,
-    stride_xb, stride_xh, stride_xn,
-    stride_qb, stride_qh, stride_qn,
-    stride_sb, stride_sh,
-    stride_kmb, stride_kmh,
-    n, head_dim, kv_group, scale_mul, sm_scale,
-    BLOCK: tl.constexpr, D_PAD: tl.constexpr, VARLEN: tl.constexpr, WITH_CORR: tl.constexpr,
+    X,
+    XQ,
+    XS,
+    KM,
+    CORR,
+    cu_seqlens,
+    stride_xb,
+    stride_xh,
+    stride_xn,
+    stride_qb,
+    stride_qh,
+    stride_qn,
+    stride_sb,
+    stride_sh,
+    stride_kmb,
+    stride_kmh,
+    n,
+    head_dim,
+    kv_group,
+    scale_mul,
+    sm_scale,
+    BLOCK: tl.constexpr,
+    D_PAD: tl.constexpr,
+    VARLEN: tl.constexpr,
+    WITH_CORR: tl.constexpr,
 ):
     """INT8 Q with one scale per token; optionally the LSE correction sm_scale * q . mean(k)."""
     pid_n, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -54,29 +72,51 @@ def _quant_q_kernel(
     rows_ok = rows < length
     valid = rows_ok[:, None] & (cols < head_dim)[None, :]
     bx = b * stride_xb
-    x = tl.load(X + bx + h * stride_xh + (start + rows)[:, None] * stride_xn + cols[None, :], mask=valid, other=0.0)
+    x = tl.load(
+        X + bx + h * stride_xh + (start + rows)[:, None] * stride_xn + cols[None, :], mask=valid, other=0.0
+    )
     x = x.to(tl.float32)
     amax = tl.max(tl.abs(x), axis=1)
     inv = tl.where(amax > 0, INT8_MAX / amax, 0.0)
     xq = libdevice.rint(x * inv[:, None]).to(tl.int8)
     bq = b * stride_qb
-    tl.store(XQ + bq + h * stride_qh + (start + rows)[:, None] * stride_qn + cols[None, :], xq, mask=rows_ok[:, None])
+    tl.store(
+        XQ + bq + h * stride_qh + (start + rows)[:, None] * stride_qn + cols[None, :],
+        xq,
+        mask=rows_ok[:, None],
+    )
     srow = b * stride_sb + h * stride_sh + start + rows
     tl.store(XS + srow, amax * scale_mul, mask=rows_ok)
     if WITH_CORR:
-        km = tl.load(KM + b * stride_kmb + (h // kv_group) * stride_kmh + cols, mask=cols < head_dim, other=0.0)
+        km = tl.load(
+            KM + b * stride_kmb + (h // kv_group) * stride_kmh + cols, mask=cols < head_dim, other=0.0
+        )
         tl.store(CORR + srow, tl.sum(x * km[None, :], axis=1) * sm_scale, mask=rows_ok)
 
 
 @triton.jit
 def _quant_k_kernel(
-    X, XQ, XS, KM, cu_seqlens,
-    stride_xb, stride_xh, stride_xn,
-    stride_qb, stride_qh, stride_qn,
-    stride_sb, stride_sh,
-    stride_kmb, stride_kmh,
-    n, head_dim,
-    BLOCK: tl.constexpr, D_PAD: tl.constexpr, VARLEN: tl.constexpr, SMOOTH: tl.constexpr,
+    X,
+    XQ,
+    XS,
+    KM,
+    cu_seqlens,
+    stride_xb,
+    stride_xh,
+    stride_xn,
+    stride_qb,
+    stride_qh,
+    stride_qn,
+    stride_sb,
+    stride_sh,
+    stride_kmb,
+    stride_kmh,
+    n,
+    head_dim,
+    BLOCK: tl.constexpr,
+    D_PAD: tl.constexpr,
+    VARLEN: tl.constexpr,
+    SMOOTH: tl.constexpr,
 ):
     """INT8 K, one scale per block of BLOCK tokens (the attention kernel's key block)."""
     pid_n, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -88,7 +128,9 @@ def _quant_k_kernel(
     rows_ok = rows < length
     valid = rows_ok[:, None] & (cols < head_dim)[None, :]
     bx = b * stride_xb
-    x = tl.load(X + bx + h * stride_xh + (start + rows)[:, None] * stride_xn + cols[None, :], mask=valid, other=0.0)
+    x = tl.load(
+        X + bx + h * stride_xh + (start + rows)[:, None] * stride_xn + cols[None, :], mask=valid, other=0.0
+    )
     x = x.to(tl.float32)
     if SMOOTH:
         km = tl.load(KM + b * stride_kmb + h * stride_kmh + cols, mask=cols < head_dim, other=0.0)
@@ -97,18 +139,33 @@ def _quant_k_kernel(
     inv = tl.where(amax > 0, INT8_MAX / amax, 0.0)
     xq = libdevice.rint(x * inv).to(tl.int8)
     bq = b * stride_qb
-    tl.store(XQ + bq + h * stride_qh + (start + rows)[:, None] * stride_qn + cols[None, :], xq, mask=rows_ok[:, None])
+    tl.store(
+        XQ + bq + h * stride_qh + (start + rows)[:, None] * stride_qn + cols[None, :],
+        xq,
+        mask=rows_ok[:, None],
+    )
     tl.store(XS + b * stride_sb + h * stride_sh + pid_n, amax * (1.0 / INT8_MAX))
 
 
 @triton.jit
 def _quant_v_fp8_kernel(
-    X, VT, VMAX, cu_seqlens,
-    stride_xb, stride_xh, stride_xn,
-    stride_tb, stride_th, stride_td,
-    stride_mb, stride_mh,
-    n, head_dim,
-    BLOCK: tl.constexpr, D_PAD: tl.constexpr, VARLEN: tl.constexpr,
+    X,
+    VT,
+    VMAX,
+    cu_seqlens,
+    stride_xb,
+    stride_xh,
+    stride_xn,
+    stride_tb,
+    stride_th,
+    stride_td,
+    stride_mb,
+    stride_mh,
+    n,
+    head_dim,
+    BLOCK: tl.constexpr,
+    D_PAD: tl.constexpr,
+    VARLEN: tl.constexpr,
 ):
     """FP8 e4m3 V with one scale per channel, written transposed: VT[b, h, d, token]."""
     pid_n, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -120,21 +177,38 @@ def _quant_v_fp8_kernel(
     rows_ok = rows < length
     valid = rows_ok[:, None] & (cols < head_dim)[None, :]
     bx = b * stride_xb
-    x = tl.load(X + bx + h * stride_xh + (start + rows)[:, None] * stride_xn + cols[None, :], mask=valid, other=0.0)
+    x = tl.load(
+        X + bx + h * stride_xh + (start + rows)[:, None] * stride_xn + cols[None, :], mask=valid, other=0.0
+    )
     amax = tl.load(VMAX + b * stride_mb + h * stride_mh + cols, mask=cols < head_dim, other=0.0)
     inv = tl.where(amax > 0, FP8_E4M3_MAX / amax, 0.0)
     xq = (x.to(tl.float32) * inv[None, :]).to(tl.float8e4nv)
     bt = b * stride_tb
-    tl.store(VT + bt + h * stride_th + cols[None, :] * stride_td + (start + rows)[:, None], xq, mask=rows_ok[:, None])
+    tl.store(
+        VT + bt + h * stride_th + cols[None, :] * stride_td + (start + rows)[:, None],
+        xq,
+        mask=rows_ok[:, None],
+    )
 
 
 @triton.jit
 def _seq_stats_kernel(
-    K, V, KM, VMAX, cu_seqlens,
-    stride_kn, stride_kh, stride_vn, stride_vh,
-    stride_mb, stride_mh,
+    K,
+    V,
+    KM,
+    VMAX,
+    cu_seqlens,
+    stride_kn,
+    stride_kh,
+    stride_vn,
+    stride_vh,
+    stride_mb,
+    stride_mh,
     head_dim,
-    BLOCK: tl.constexpr, D_PAD: tl.constexpr, SMOOTH: tl.constexpr, V_AMAX: tl.constexpr,
+    BLOCK: tl.constexpr,
+    D_PAD: tl.constexpr,
+    SMOOTH: tl.constexpr,
+    V_AMAX: tl.constexpr,
 ):
     """Per packed sequence: mean of K and amax of |V| per channel (varlen only)."""
     h, b = tl.program_id(0), tl.program_id(1)
@@ -146,10 +220,14 @@ def _seq_stats_kernel(
         rows = off + tl.arange(0, BLOCK)
         valid = (rows < length)[:, None] & (cols < head_dim)[None, :]
         if SMOOTH:
-            k = tl.load(K + h * stride_kh + (start + rows)[:, None] * stride_kn + cols[None, :], mask=valid, other=0.0)
+            k = tl.load(
+                K + h * stride_kh + (start + rows)[:, None] * stride_kn + cols[None, :], mask=valid, other=0.0
+            )
             ksum += tl.sum(k.to(tl.float32), axis=0)
         if V_AMAX:
-            v = tl.load(V + h * stride_vh + (start + rows)[:, None] * stride_vn + cols[None, :], mask=valid, other=0.0)
+            v = tl.load(
+                V + h * stride_vh + (start + rows)[:, None] * stride_vn + cols[None, :], mask=valid, other=0.0
+            )
             vmax = tl.maximum(vmax, tl.max(tl.abs(v.to(tl.float32)), axis=0))
     out = b * stride_mb + h * stride_mh + cols
     if SMOOTH:

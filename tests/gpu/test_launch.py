@@ -45,15 +45,22 @@ def rand(*shape, layout="HND"):
 
 
 @pytest.mark.parametrize("pv", PVS, ids=lambda p: p.value)
-@pytest.mark.parametrize("nq,nk", [(1, 1), (17, 17), (113, 113), (1000, 1000), (4095, 4095), (1, 999), (300, 77)])
+@pytest.mark.parametrize(
+    "nq,nk", [(1, 1), (17, 17), (113, 113), (1000, 1000), (4095, 4095), (1, 999), (300, 77)]
+)
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_dense_matches_simulation(pv, nq, nk, layout, causal):
     b, hq, hkv, d = 2, 8, 2, 128
-    q, k, v = rand(b, hq, nq, d, layout=layout), rand(b, hkv, nk, d, layout=layout), rand(b, hkv, nk, d, layout=layout)
+    q, k, v = (
+        rand(b, hq, nq, d, layout=layout),
+        rand(b, hkv, nk, d, layout=layout),
+        rand(b, hkv, nk, d, layout=layout),
+    )
     k = k + 3  # a shared offset smoothing must remove
-    out, lse = launch.attention_fwd(q, k, v, is_causal=causal, sm_scale=default_sm_scale(d), pv=pv, smooth_k=True,
-                                    return_lse=True)
+    out, lse = launch.attention_fwd(
+        q, k, v, is_causal=causal, sm_scale=default_sm_scale(d), pv=pv, smooth_k=True, return_lse=True
+    )
     bm, bn = launch.kernel_block_sizes(pv, d)
     ref, ref_lse = sage_ref(q, k, v, is_causal=causal, pv=pv, block_m=bm, block_n=bn, return_lse=True)
     assert out.stride() == q.stride()
@@ -66,7 +73,9 @@ def test_dense_matches_simulation(pv, nq, nk, layout, causal):
 @pytest.mark.parametrize("d", [32, 40, 64, 72, 96, 128])
 def test_head_dims(pv, d):
     q, k, v = rand(1, 4, 333, d), rand(1, 4, 333, d), rand(1, 4, 333, d)
-    out, _ = launch.attention_fwd(q, k, v, is_causal=False, sm_scale=default_sm_scale(d), pv=pv, smooth_k=True)
+    out, _ = launch.attention_fwd(
+        q, k, v, is_causal=False, sm_scale=default_sm_scale(d), pv=pv, smooth_k=True
+    )
     bm, bn = launch.kernel_block_sizes(pv, d)
     close(out, sage_ref(q, k, v, pv=pv, block_m=bm, block_n=bn), pv)
 
@@ -80,7 +89,9 @@ def test_masks(pv, kind):
         mask[:, :, 5] = False  # a row that sees nothing: output 0, like SDPA
     else:
         mask = torch.randn(1, 4, 200, 150, device="cuda", dtype=torch.bfloat16)
-    out, _ = launch.attention_fwd(q, k, v, is_causal=False, sm_scale=0.125, pv=pv, smooth_k=True, attn_mask=mask)
+    out, _ = launch.attention_fwd(
+        q, k, v, is_causal=False, sm_scale=0.125, pv=pv, smooth_k=True, attn_mask=mask
+    )
     bm, bn = launch.kernel_block_sizes(pv, 64)
     ref = sage_ref(q, k, v, sm_scale=0.125, pv=pv, block_m=bm, block_n=bn, attn_mask=mask)
     close(out, ref, pv)
@@ -93,18 +104,40 @@ def test_masks(pv, kind):
 def test_varlen_smooths_per_sequence(pv, causal):
     lens_q, lens_k = [1, 130, 17, 400], [1, 130, 90, 401]
     hq, hkv, d = 4, 2, 128
-    q, k, v = (torch.randn(sum(lens), h, d, device="cuda", dtype=torch.float16)
-               for lens, h in ((lens_q, hq), (lens_k, hkv), (lens_k, hkv)))
-    k += torch.repeat_interleave(torch.randn(len(lens_k), 1, d, device="cuda") * 5,
-                                 torch.tensor(lens_k, device="cuda"), dim=0).half()
+    q, k, v = (
+        torch.randn(sum(lens), h, d, device="cuda", dtype=torch.float16)
+        for lens, h in ((lens_q, hq), (lens_k, hkv), (lens_k, hkv))
+    )
+    k += torch.repeat_interleave(
+        torch.randn(len(lens_k), 1, d, device="cuda") * 5, torch.tensor(lens_k, device="cuda"), dim=0
+    ).half()
     cu = [torch.tensor([0] + lens, device="cuda").cumsum(0).int() for lens in (lens_q, lens_k)]
-    out = launch.varlen_fwd(q, k, v, cu[0], cu[1], max(lens_q), max(lens_k), is_causal=causal,
-                            sm_scale=default_sm_scale(d), pv=pv, smooth_k=True)
+    out = launch.varlen_fwd(
+        q,
+        k,
+        v,
+        cu[0],
+        cu[1],
+        max(lens_q),
+        max(lens_k),
+        is_causal=causal,
+        sm_scale=default_sm_scale(d),
+        pv=pv,
+        smooth_k=True,
+    )
     bm, bn = launch.kernel_block_sizes(pv, d)
     for i in range(len(lens_q)):
         sq, sk = slice(int(cu[0][i]), int(cu[0][i + 1])), slice(int(cu[1][i]), int(cu[1][i + 1]))
-        ref = sage_ref(q[sq].unsqueeze(0), k[sk].unsqueeze(0), v[sk].unsqueeze(0), tensor_layout="NHD",
-                       is_causal=causal, pv=pv, block_m=bm, block_n=bn)
+        ref = sage_ref(
+            q[sq].unsqueeze(0),
+            k[sk].unsqueeze(0),
+            v[sk].unsqueeze(0),
+            tensor_layout="NHD",
+            is_causal=causal,
+            pv=pv,
+            block_m=bm,
+            block_n=bn,
+        )
         close(out[sq].unsqueeze(0), ref, pv, cos_min=0.9999)
 
 
