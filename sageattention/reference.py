@@ -98,6 +98,12 @@ def attention_ref(
     return (o, lse) if return_lse else o
 
 
+def _ieee_div(limit: float, amax: torch.Tensor) -> torch.Tensor:
+    """limit / amax as one correctly rounded float32 division, like the kernels. (A Python number
+    divided by a tensor is computed by torch as reciprocal-then-multiply, which rounds twice.)"""
+    return torch.full_like(amax, limit) / amax
+
+
 @dataclass
 class QuantizedQK:
     """INT8 Q and K (held as integer-valued float32) with their per-block scales."""
@@ -120,7 +126,7 @@ def quantize_per_block_ref(x: torch.Tensor, block: int, extra_scale: float = 1.0
     padded = torch.nn.functional.pad(x, (0, 0, 0, nblk * block - n))
     blocks = padded.view(b, h, nblk, block * d)
     amax = blocks.abs().amax(dim=-1)
-    inv = torch.where(amax > 0, INT8_MAX / amax, torch.zeros_like(amax))
+    inv = torch.where(amax > 0, _ieee_div(INT8_MAX, amax), torch.zeros_like(amax))
     xq = torch.round(blocks * inv.unsqueeze(-1)).clamp_(-INT8_MAX, INT8_MAX)
     xq = xq.view(b, h, nblk * block, d)[:, :, :n]
     scale = amax * torch.tensor(extra_scale / INT8_MAX, dtype=torch.float32)
@@ -131,7 +137,7 @@ def quantize_v_fp8_ref(v: torch.Tensor):
     """Per-channel FP8 e4m3 of V [B, H, N, D]: (fp8 values as float32, scale [B, H, D])."""
     v = v.float()
     amax = v.abs().amax(dim=2)
-    inv = torch.where(amax > 0, FP8_E4M3_MAX / amax, torch.zeros_like(amax))
+    inv = torch.where(amax > 0, _ieee_div(FP8_E4M3_MAX, amax), torch.zeros_like(amax))
     v8 = (v * inv.unsqueeze(2)).to(torch.float8_e4m3fn).float()
     return v8, amax / FP8_E4M3_MAX
 

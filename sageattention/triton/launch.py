@@ -170,34 +170,47 @@ def attention_fwd(
     smooth_k: bool,
     attn_mask: torch.Tensor | None = None,
     return_lse: bool = False,
+    quant_backend: str = "triton",
 ):
-    """Quantized attention on HND views. Returns (out like q, lse [B, Hq, Nq] float32 or None)."""
+    """Quantized attention on HND views. Returns (out like q, lse [B, Hq, Nq] float32 or None).
+
+    ``quant_backend``: "triton" (the kernels in quant.py) or "cuda" (the compiled fused ops of
+    csrc/fused, registered as torch.ops.sageattention.quant_*; same arithmetic, bit for bit).
+    """
     b, hq, nq, head_dim = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     d_pad = _d_pad(head_dim)
     block_n = BLOCK_N[pv]
     dev = q.device
 
+    kv_group = hq // hkv
     km = k.mean(dim=2, dtype=torch.float32) if smooth_k else None
-    q_scale = torch.empty(b, hq, nq, dtype=torch.float32, device=dev)
-    corr = torch.empty_like(q_scale) if (return_lse and km is not None) else None
-    qq = _quantize_q(
-        q,
-        q_scale,
-        corr,
-        km,
-        None,
-        n=nq,
-        batch=b,
-        sm_scale=sm_scale,
-        kv_group=hq // hkv,
-        d_pad=d_pad,
-        varlen=False,
+    with_corr = return_lse and km is not None
+    vmax = (
+        torch.linalg.vector_norm(v, ord=float("inf"), dim=2, dtype=torch.float32)
+        if pv is PVDtype.FP8
+        else None
     )
-    kq, ks = _quantize_k(k, km, None, n=nk, batch=b, block_n=block_n, d_pad=d_pad, varlen=False)
-    if pv is PVDtype.FP8:
-        vmax = torch.linalg.vector_norm(v, ord=float("inf"), dim=2, dtype=torch.float32)
-        vv = _quantize_v_fp8(v, vmax, None, n=nk, batch=b, total=nk, d_pad=d_pad, varlen=False)
+    if quant_backend == "cuda":
+        ops = torch.ops.sageattention
+        qq, q_scale, corr = ops.quant_q_per_token(
+            q, km, sm_scale, sm_scale * _quant.Q_SCALE_MUL, d_pad, kv_group, with_corr
+        )
+        kq, ks = ops.quant_k_per_block(k, km, block_n, d_pad)
+        vv = ops.quant_v_fp8(v, vmax, d_pad, triton.cdiv(nk, 16) * 16) if vmax is not None else None
+        corr = corr if with_corr else None
+    else:
+        q_scale = torch.empty(b, hq, nq, dtype=torch.float32, device=dev)
+        corr = torch.empty_like(q_scale) if with_corr else None
+        qq = _quantize_q(q, q_scale, corr, km, None, n=nq, batch=b, sm_scale=sm_scale, kv_group=kv_group,
+                         d_pad=d_pad, varlen=False)  # fmt: skip
+        kq, ks = _quantize_k(k, km, None, n=nk, batch=b, block_n=block_n, d_pad=d_pad, varlen=False)
+        vv = (
+            _quantize_v_fp8(v, vmax, None, n=nk, batch=b, total=nk, d_pad=d_pad, varlen=False)
+            if vmax is not None
+            else None
+        )
+    if vv is not None:
         vs = vmax * (1.0 / FP8_E4M3_MAX)
         v_strides = (vv.stride(0), vv.stride(1), 1, vv.stride(2))
         vs_strides = (vs.stride(0), vs.stride(1))

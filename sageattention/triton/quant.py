@@ -26,6 +26,13 @@ FP8_E4M3_MAX = tl.constexpr(_FP8_MAX)
 
 
 @triton.jit
+def _ieee_div(limit, amax):
+    """limit / amax rounded as IEEE division (the default `/` is approximate): the reference's and
+    the CUDA kernels' scales then agree bit for bit."""
+    return tl.math.div_rn(tl.zeros_like(amax) + limit, amax)
+
+
+@triton.jit
 def _seq_bounds(cu_seqlens, b, n, VARLEN: tl.constexpr):
     """(first row, length) of sequence b."""
     if VARLEN:
@@ -77,7 +84,7 @@ def _quant_q_kernel(
     )
     x = x.to(tl.float32)
     amax = tl.max(tl.abs(x), axis=1)
-    inv = tl.where(amax > 0, INT8_MAX / amax, 0.0)
+    inv = tl.where(amax > 0, _ieee_div(INT8_MAX, amax), 0.0)
     xq = libdevice.rint(x * inv[:, None]).to(tl.int8)
     bq = b * stride_qb
     tl.store(
@@ -136,7 +143,7 @@ def _quant_k_kernel(
         km = tl.load(KM + b * stride_kmb + h * stride_kmh + cols, mask=cols < head_dim, other=0.0)
         x = tl.where(valid, x - km[None, :], 0.0)
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
-    inv = tl.where(amax > 0, INT8_MAX / amax, 0.0)
+    inv = tl.where(amax > 0, _ieee_div(INT8_MAX, amax), 0.0)
     xq = libdevice.rint(x * inv).to(tl.int8)
     bq = b * stride_qb
     tl.store(
@@ -181,7 +188,7 @@ def _quant_v_fp8_kernel(
         X + bx + h * stride_xh + (start + rows)[:, None] * stride_xn + cols[None, :], mask=valid, other=0.0
     )
     amax = tl.load(VMAX + b * stride_mb + h * stride_mh + cols, mask=cols < head_dim, other=0.0)
-    inv = tl.where(amax > 0, FP8_E4M3_MAX / amax, 0.0)
+    inv = tl.where(amax > 0, _ieee_div(FP8_E4M3_MAX, amax), 0.0)
     xq = (x.to(tl.float32) * inv[None, :]).to(tl.float8e4nv)
     bt = b * stride_tb
     tl.store(

@@ -1,0 +1,231 @@
+// Fused quantization kernels: INT8 Q per token (+ the smooth-K LSE correction), INT8 K per block
+// with smooth-K, FP8 V per channel written transposed. One pass over each input.
+//
+// Rounding matches sageattention.reference bit for bit: IEEE division for 127 / amax (the build
+// uses --use_fast_math, so the intrinsics are spelled out), one rounded multiply, then
+// round-half-even to INT8; FP8 through the e4m3 round-to-nearest-even conversion with saturation.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "quant.h"
+
+namespace sage {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / kWarp;
+constexpr int kVTokens = 64;  // tokens per V tile: 64 fp8 bytes per output row
+
+template <typename T>
+__device__ __forceinline__ float to_float(T x);
+template <>
+__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float inv_scale(float limit, float amax) {
+  return amax > 0.f ? __fdiv_rn(limit, amax) : 0.f;
+}
+
+__device__ __forceinline__ int8_t to_int8(float x, float inv) {
+  const int r = __float2int_rn(__fmul_rn(x, inv));
+  return static_cast<int8_t>(max(-127, min(127, r)));
+}
+
+// One warp per token; lane l holds columns [l * E, l * E + E), E = d_pad / 32.
+template <typename T, int E>
+__global__ void quant_q_kernel(const T* __restrict__ q, Strides3 qs, int heads, int n, int head_dim,
+                               float scale_mul, int8_t* __restrict__ q_int8, float* __restrict__ q_scale,
+                               const float* __restrict__ k_mean, int kv_group, float sm_scale,
+                               float* __restrict__ corr) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t token = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarp;
+  const int h = blockIdx.y, b = blockIdx.z;
+  if (token >= n) return;
+  const T* row = q + b * qs.b + h * qs.h + token * qs.n;
+  float x[E];
+  float amax = 0.f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int d = lane * E + e;
+    x[e] = d < head_dim ? to_float(row[d]) : 0.f;
+    amax = fmaxf(amax, fabsf(x[e]));
+  }
+  amax = warp_max(amax);
+  const float inv = inv_scale(kInt8Max, amax);
+  const int64_t out_row = (static_cast<int64_t>(b) * heads + h) * n + token;
+  int8_t packed[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) packed[e] = to_int8(x[e], inv);
+  int8_t* dst = q_int8 + out_row * (E * kWarp) + lane * E;
+#pragma unroll
+  for (int e = 0; e < E; ++e) dst[e] = packed[e];
+  if (lane == 0) q_scale[out_row] = amax * scale_mul;
+  if (corr != nullptr) {
+    const float* km = k_mean + (static_cast<int64_t>(b) * (heads / kv_group) + h / kv_group) * head_dim;
+    float dot = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int d = lane * E + e;
+      if (d < head_dim) dot += x[e] * km[d];
+    }
+    dot = warp_sum(dot);
+    if (lane == 0) corr[out_row] = dot * sm_scale;
+  }
+}
+
+// One CTA per block of `block` tokens; warp w takes tokens w, w + 8, ...
+template <typename T, int E>
+__global__ void quant_k_kernel(const T* __restrict__ k, Strides3 ks, int heads, int n, int head_dim, int block,
+                               const float* __restrict__ k_mean, int8_t* __restrict__ k_int8,
+                               float* __restrict__ k_scale) {
+  __shared__ float warp_amax[kWarps];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * block;
+  const int64_t last = min(first + block, static_cast<int64_t>(n));
+  const T* base = k + b * ks.b + h * ks.h;
+  float km[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int d = lane * E + e;
+    km[e] = (k_mean != nullptr && d < head_dim) ? k_mean[(static_cast<int64_t>(b) * heads + h) * head_dim + d] : 0.f;
+  }
+  auto load = [&](int64_t token, int e) {
+    const int d = lane * E + e;
+    return d < head_dim ? __fsub_rn(to_float(base[token * ks.n + d]), km[e]) : 0.f;
+  };
+  float amax = 0.f;
+  for (int64_t t = first + warp; t < last; t += kWarps) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) amax = fmaxf(amax, fabsf(load(t, e)));
+  }
+  amax = warp_max(amax);
+  if (lane == 0) warp_amax[warp] = amax;
+  __syncthreads();
+  amax = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) amax = fmaxf(amax, warp_amax[w]);
+  const float inv = inv_scale(kInt8Max, amax);
+  const int64_t row0 = (static_cast<int64_t>(b) * heads + h) * n;
+  for (int64_t t = first + warp; t < last; t += kWarps) {
+    int8_t* dst = k_int8 + (row0 + t) * (E * kWarp) + lane * E;
+#pragma unroll
+    for (int e = 0; e < E; ++e) dst[e] = to_int8(load(t, e), inv);
+  }
+  if (threadIdx.x == 0) {
+    const int nblk = (n + block - 1) / block;
+    k_scale[(static_cast<int64_t>(b) * heads + h) * nblk + blockIdx.x] = __fmul_rn(amax, 1.0f / kInt8Max);
+  }
+}
+
+// One CTA per 64 tokens: quantize into shared memory as [d][token], then write 64-byte rows.
+template <typename T, int D_PAD>
+__global__ void quant_v_kernel(const T* __restrict__ v, Strides3 vs, int heads, int n, int head_dim, int n_pad,
+                               const float* __restrict__ v_amax, uint8_t* __restrict__ vt) {
+  __shared__ uint8_t tile[D_PAD][kVTokens + 4];  // +4 bytes: rows start in different banks
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kVTokens;
+  const T* base = v + b * vs.b + h * vs.h;
+  const float* amax = v_amax + (static_cast<int64_t>(b) * heads + h) * head_dim;
+  for (int i = threadIdx.x; i < kVTokens * D_PAD; i += kThreads) {
+    const int t = i / D_PAD, d = i % D_PAD;  // consecutive threads read consecutive channels
+    float x = 0.f;
+    if (d < head_dim && first + t < n) x = __fmul_rn(to_float(base[(first + t) * vs.n + d]), inv_scale(kFp8E4M3Max, amax[d]));
+    tile[d][t] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+  }
+  __syncthreads();
+  uint8_t* out = vt + (static_cast<int64_t>(b) * heads + h) * D_PAD * n_pad;
+  for (int i = threadIdx.x; i < kVTokens * D_PAD; i += kThreads) {
+    const int d = i / kVTokens, t = i % kVTokens;
+    if (first + t < n) out[static_cast<int64_t>(d) * n_pad + first + t] = tile[d][t];
+  }
+}
+
+template <template <typename, int> class Launch, typename... Args>
+cudaError_t dispatch(HalfType type, int d_pad, Args&&... args) {
+  // d_pad is 32, 64 or 128: one lane per 1, 2 or 4 columns.
+  switch (d_pad) {
+    case 32:
+      return type == HalfType::kFloat16 ? Launch<__half, 1>::run(args...) : Launch<__nv_bfloat16, 1>::run(args...);
+    case 64:
+      return type == HalfType::kFloat16 ? Launch<__half, 2>::run(args...) : Launch<__nv_bfloat16, 2>::run(args...);
+    case 128:
+      return type == HalfType::kFloat16 ? Launch<__half, 4>::run(args...) : Launch<__nv_bfloat16, 4>::run(args...);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+template <typename T, int E>
+struct QLaunch {
+  static cudaError_t run(const void* q, Strides3 qs, int batch, int heads, int n, int head_dim, float scale_mul,
+                         int8_t* q_int8, float* q_scale, const float* k_mean, int kv_group, float sm_scale,
+                         float* corr, cudaStream_t stream) {
+    const dim3 grid((n + kWarps - 1) / kWarps, heads, batch);
+    quant_q_kernel<T, E><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(q), qs, heads, n, head_dim, scale_mul,
+                                                        q_int8, q_scale, k_mean, kv_group, sm_scale, corr);
+    return cudaGetLastError();
+  }
+};
+
+template <typename T, int E>
+struct KLaunch {
+  static cudaError_t run(const void* k, Strides3 ks, int batch, int heads, int n, int head_dim, int block,
+                         const float* k_mean, int8_t* k_int8, float* k_scale, cudaStream_t stream) {
+    const dim3 grid((n + block - 1) / block, heads, batch);
+    quant_k_kernel<T, E><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(k), ks, heads, n, head_dim, block,
+                                                        k_mean, k_int8, k_scale);
+    return cudaGetLastError();
+  }
+};
+
+template <typename T, int E>
+struct VLaunch {
+  static cudaError_t run(const void* v, Strides3 vs, int batch, int heads, int n, int head_dim, int n_pad,
+                         const float* v_amax, uint8_t* vt, cudaStream_t stream) {
+    const dim3 grid((n + kVTokens - 1) / kVTokens, heads, batch);
+    quant_v_kernel<T, E * kWarp><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(v), vs, heads, n, head_dim,
+                                                                n_pad, v_amax, vt);
+    return cudaGetLastError();
+  }
+};
+
+}  // namespace
+
+cudaError_t launch_quant_q_per_token(const void* q, HalfType type, Strides3 qs, int batch, int heads, int n,
+                                     int head_dim, int d_pad, float scale_mul, int8_t* q_int8, float* q_scale,
+                                     const float* k_mean, int kv_group, float sm_scale, float* corr,
+                                     cudaStream_t stream) {
+  return dispatch<QLaunch>(type, d_pad, q, qs, batch, heads, n, head_dim, scale_mul, q_int8, q_scale, k_mean,
+                           kv_group, sm_scale, corr, stream);
+}
+
+cudaError_t launch_quant_k_per_block(const void* k, HalfType type, Strides3 ks, int batch, int heads, int n,
+                                     int head_dim, int d_pad, int block, const float* k_mean, int8_t* k_int8,
+                                     float* k_scale, cudaStream_t stream) {
+  return dispatch<KLaunch>(type, d_pad, k, ks, batch, heads, n, head_dim, block, k_mean, k_int8, k_scale, stream);
+}
+
+cudaError_t launch_quant_v_fp8_transposed(const void* v, HalfType type, Strides3 vs, int batch, int heads, int n,
+                                          int head_dim, int d_pad, int n_pad, const float* v_amax, uint8_t* vt,
+                                          cudaStream_t stream) {
+  return dispatch<VLaunch>(type, d_pad, v, vs, batch, heads, n, head_dim, n_pad, v_amax, vt, stream);
+}
+
+}  // namespace sage

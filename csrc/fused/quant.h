@@ -1,0 +1,32 @@
+// Fused quantization launchers (csrc/fused/quant.cu). Arithmetic matches sageattention.reference:
+// x_int8 = rint(x * (127 / amax)) with round-half-even and IEEE division, scale = amax / 127.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "sage_types.h"
+
+namespace sage {
+
+// INT8 Q with one scale per token. q: [B, H, N, D] view; q_int8: [B, H, N, d_pad] contiguous;
+// q_scale: [B, H, N] contiguous, amax * scale_mul (scale_mul = sm_scale * log2(e) / 127).
+// When corr is non-null, also corr[b, h, n] = sm_scale * q . k_mean[b, h / kv_group, :]
+// (k_mean: [B, Hkv, D] contiguous float32): the LSE correction of smooth-K.
+cudaError_t launch_quant_q_per_token(const void* q, HalfType type, Strides3 qs, int batch, int heads, int n,
+                                     int head_dim, int d_pad, float scale_mul, int8_t* q_int8, float* q_scale,
+                                     const float* k_mean, int kv_group, float sm_scale, float* corr,
+                                     cudaStream_t stream);
+
+// INT8 K with one scale per block of `block` tokens, after subtracting k_mean (when non-null).
+// k_int8: [B, H, N, d_pad] contiguous; k_scale: [B, H, ceil(N / block)] contiguous.
+cudaError_t launch_quant_k_per_block(const void* k, HalfType type, Strides3 ks, int batch, int heads, int n,
+                                     int head_dim, int d_pad, int block, const float* k_mean, int8_t* k_int8,
+                                     float* k_scale, cudaStream_t stream);
+
+// FP8 e4m3 V per channel, transposed: vt[b, h, d, token] = fp8(v * 448 / v_amax[b, h, d]).
+// vt: [B, H, d_pad, n_pad] contiguous (n_pad >= N); v_amax: [B, H, D] contiguous float32.
+cudaError_t launch_quant_v_fp8_transposed(const void* v, HalfType type, Strides3 vs, int batch, int heads,
+                                          int n, int head_dim, int d_pad, int n_pad, const float* v_amax,
+                                          uint8_t* vt, cudaStream_t stream);
+
+}  // namespace sage

@@ -1,0 +1,38 @@
+"""SageAttention: quantized attention for PyTorch (INT8 Q·K with smoothed K, FP8 or FP16 P·V).
+
+``sageattn`` is a drop-in for ``torch.nn.functional.scaled_dot_product_attention`` that picks the
+best implementation for the device; the named variants force one. ``python -m sageattention env``
+tells which one runs here and why.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from .core import (
+    sageattn,
+    sageattn_qk_int8_pv_fp8_cuda,
+    sageattn_qk_int8_pv_fp8_cuda_sm90,
+    sageattn_qk_int8_pv_fp8_triton,
+    sageattn_qk_int8_pv_fp16_cuda,
+    sageattn_qk_int8_pv_fp16_triton,
+    sageattn_varlen,
+)
+from .dispatch import SageAttentionFallbackWarning
+
+try:
+    __version__ = version("sageattention")
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
+
+__all__ = [
+    "SageAttentionFallbackWarning",
+    "__version__",
+    "sageattn",
+    "sageattn_qk_int8_pv_fp8_cuda",
+    "sageattn_qk_int8_pv_fp8_cuda_sm90",
+    "sageattn_qk_int8_pv_fp8_triton",
+    "sageattn_qk_int8_pv_fp16_cuda",
+    "sageattn_qk_int8_pv_fp16_triton",
+    "sageattn_varlen",
+]

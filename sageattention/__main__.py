@@ -1,0 +1,135 @@
+"""``python -m sageattention env [--json]``: what is installed here and which backend sageattn picks.
+
+Plain text by default (for bug reports), JSON with ``--json`` (for scripts). It never fails on a
+machine without a GPU, Triton or the compiled extensions: it says why each one is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import sys
+
+import torch
+
+from . import __version__, dispatch, ops
+
+
+def _triton_info() -> dict:
+    try:
+        triton = importlib.import_module("triton")
+    except ImportError as exc:
+        return {"version": None, "reason": f"{type(exc).__name__}: {exc}"}
+    return {"version": getattr(triton, "__version__", "unknown"), "reason": None}
+
+
+def _extensions_info() -> dict:
+    info = {}
+    for arch, name in ops.COMPILED_EXTENSIONS.items():
+        module, reason = ops.extension_status(arch)
+        info[name] = {
+            "arch_family": arch,
+            "present": module is not None,
+            "path": getattr(module, "__file__", None),
+            "reason": reason,
+        }
+    return info
+
+
+def _devices() -> list:
+    if not torch.cuda.is_available():
+        return []
+    devices = []
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        devices.append(
+            {
+                "index": index,
+                "name": props.name,
+                "capability": dispatch.sm((props.major, props.minor)),
+                "memory_gib": round(props.total_memory / 2**30, 1),
+                "sageattn": dispatch.explain(torch.device("cuda", index)),
+            }
+        )
+    return devices
+
+
+def collect() -> dict:
+    """Everything the report shows, as plain data."""
+    devices = _devices()
+    return {
+        "sageattention": {"version": __version__, "path": os.path.dirname(os.path.abspath(__file__))},
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": {
+            "version": torch.__version__,
+            "cuda": torch.version.cuda,
+            "hip": torch.version.hip,
+            "cuda_available": torch.cuda.is_available(),
+            "arch_list": torch.cuda.get_arch_list() if torch.cuda.is_available() else [],
+        },
+        "triton": _triton_info(),
+        "triton_kernels": {
+            "importable": ops.triton_module() is not None,
+            "reason": ops.triton_unavailable_reason(),
+        },
+        "compiled_extensions": _extensions_info(),
+        "devices": devices,
+        # What sageattn does with bf16, head_dim 128 on the default device (the first GPU, else the CPU).
+        "sageattn": devices[0]["sageattn"] if devices else dispatch.explain("cpu"),
+    }
+
+
+def _text(info: dict) -> str:
+    t = info["torch"]
+    lines = [
+        f"sageattention     {info['sageattention']['version']} ({info['sageattention']['path']})",
+        f"python            {info['python']}",
+        f"platform          {info['platform']}",
+        f"torch             {t['version']} (CUDA {t['cuda']}, HIP {t['hip']})",
+        f"torch archs       {' '.join(t['arch_list']) or '-'}",
+    ]
+    tri = info["triton"]
+    lines.append(f"triton            {tri['version'] or 'missing: ' + tri['reason']}")
+    kern = info["triton_kernels"]
+    lines.append(
+        f"triton kernels    {'importable' if kern['importable'] else 'unavailable: ' + kern['reason']}"
+    )
+    for name, ext in info["compiled_extensions"].items():
+        state = f"present ({ext['path']})" if ext["present"] else f"missing: {ext['reason']}"
+        lines.append(f"{name:<17} {ext['arch_family']} kernels, {state}")
+    if not info["devices"]:
+        lines.append("GPUs              none visible to torch")
+    for dev in info["devices"]:
+        lines.append(f"GPU {dev['index']:<13} {dev['name']}, {dev['capability']}, {dev['memory_gib']} GiB")
+    choice = info["sageattn"]
+    lines.append("")
+    lines.append(
+        f"sageattn on {choice['device']} ({choice['capability'] or 'no CUDA capability'}), "
+        f"{choice['dtype']}, head_dim {choice['head_dim']}: {choice['backend']} - {choice['description']}"
+    )
+    for reason in choice["reasons"]:
+        lines.append(f"  because: {reason}")
+    lines.append("  dispatch table:")
+    for row in choice["table"]:
+        lines.append(f"    {row['row']:<45} {row['status']}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sageattention", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    env = sub.add_parser("env", help="versions, GPUs, compiled kernels and the backend sageattn picks")
+    env.add_argument("--json", action="store_true", help="print JSON instead of text")
+    args = parser.parse_args(argv)
+    if args.command == "env":
+        info = collect()
+        print(json.dumps(info, indent=2) if args.json else _text(info))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""The implementations that dispatch.py points to, and the torch custom ops around the Triton ones.
+
+* Triton: ``sageattention.triton`` is imported on first use, guarded (it needs the ``triton``
+  package, absent on CPU-only machines, Windows and macOS); the reason is kept for
+  ``python -m sageattention env``. The two entry points are registered as torch custom ops
+  (``sageattention::triton_attn``, ``sageattention::triton_varlen``) with fake implementations, so
+  ``torch.compile(fullgraph=True)`` traces them without a graph break. In eager mode they are called
+  directly: a custom-op call costs tens of microseconds of Python, which is measurable at short
+  sequence lengths.
+* Compiled CUDA extensions (``sageattention._qattn_sm80/_sm89/_sm90``): looked up with importlib;
+  the reason they are missing is kept.
+* torch SDPA: the fallback, with SageAttention's semantics (layouts, GQA, masks together with
+  ``is_causal``, fully masked rows give 0, LSE on request).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+from .quant import PVDtype
+
+#: The compiled extensions, by the arch family their kernels were written for.
+COMPILED_EXTENSIONS = {"sm80": "_qattn_sm80", "sm89": "_qattn_sm89", "sm90": "_qattn_sm90"}
+#: The compiled fused quantization ops (torch.ops.sageattention.quant_*), for every built arch.
+FUSED_EXTENSION = "_fused"
+
+#: ``enable_gqa`` of F.scaled_dot_product_attention exists from torch 2.5 on.
+_SDPA_HAS_GQA = torch.__version__ >= (2, 5)
+#: Elements of one float32 score block when the fallback computes the LSE (256 MiB).
+_LSE_BLOCK_ELEMENTS = 1 << 26
+
+_PV_BY_VALUE = {member.value: member for member in PVDtype}
+
+_triton: list = []  # [module or None, reason or None], filled on first use
+_extensions: dict[str, tuple[ModuleType | None, str | None]] = {}
+
+
+# --------------------------------------------------------------------------------------------------
+# What is available here
+
+
+def triton_module() -> ModuleType | None:
+    """``sageattention.triton``, imported once; None when it cannot be imported."""
+    if not _triton:
+        try:
+            module, reason = importlib.import_module("sageattention.triton"), None
+        except ImportError as exc:  # triton missing, or a triton too old for the kernels
+            module, reason = None, f"{type(exc).__name__}: {exc}"
+        _triton[:] = [module, reason]
+    return _triton[0]
+
+
+def triton_unavailable_reason() -> str | None:
+    """None when the Triton kernels can be imported, else why not."""
+    if triton_module() is None:
+        return f"the Triton kernels cannot be imported ({_triton[1]})"
+    return None
+
+
+def _import_extension(module: str) -> tuple[ModuleType | None, str | None]:
+    """(module, None) when ``sageattention.<module>`` imports, else (None, why not); once."""
+    if module not in _extensions:
+        try:
+            _extensions[module] = (importlib.import_module(f"sageattention.{module}"), None)
+        except ImportError as exc:  # not built for this installation, or built against another torch
+            _extensions[module] = (None, f"{type(exc).__name__}: {exc}")
+    return _extensions[module]
+
+
+def extension_status(arch: str) -> tuple[ModuleType | None, str | None]:
+    """(module, None) when ``sageattention._qattn_<arch>`` imports, else (None, why not)."""
+    return _import_extension(COMPILED_EXTENSIONS[arch])
+
+
+def fused_quant_unavailable_reason() -> str | None:
+    """None when the compiled fused quantization ops (``sageattention._fused``) load, else why not."""
+    module, reason = _import_extension(FUSED_EXTENSION)
+    return None if module is not None else f"sageattention.{FUSED_EXTENSION} could not be imported ({reason})"
+
+
+def cuda_unavailable_reason(arch: str) -> str | None:
+    """Why the compiled kernels of an arch family cannot serve ``sageattn`` here (None: they can)."""
+    module, reason = extension_status(arch)
+    if module is None:
+        return f"sageattention.{COMPILED_EXTENSIONS[arch]} could not be imported ({reason})"
+    # The extension loads, but this version of the Python package has no binding for its kernels yet.
+    return f"sageattention.{COMPILED_EXTENSIONS[arch]} is present but not wired to the Python API yet"
+
+
+def cuda_attention(*args, **kwargs):
+    """Placeholder of the compiled kernels' entry point (never chosen: see cuda_unavailable_reason)."""
+    raise RuntimeError("the compiled CUDA kernels are not wired to the Python API in this version")
+
+
+# --------------------------------------------------------------------------------------------------
+# Triton, as custom ops
+
+_ATTN_SCHEMA = (
+    "(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, bool is_causal, float sm_scale, str pv, "
+    "bool smooth_k, bool return_lse, str quant_backend) -> (Tensor, Tensor)"
+)
+_VARLEN_SCHEMA = (
+    "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
+    "int max_seqlen_k, bool is_causal, float sm_scale, str pv, bool smooth_k) -> Tensor"
+)
+
+
+def _kernels() -> ModuleType:
+    module = triton_module()
+    if module is None:
+        raise RuntimeError(triton_unavailable_reason())
+    return module
+
+
+def _on_device(q: torch.Tensor):
+    """Launch on q's GPU even when another one is current (Triton launches on the current one)."""
+    if q.device.type == "cuda" and q.device.index != torch.cuda.current_device():
+        return torch.cuda.device(q.device)
+    return _NO_CONTEXT
+
+
+class _NoContext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NO_CONTEXT = _NoContext()
+
+
+def _triton_attn(q, k, v, attn_mask, is_causal, sm_scale, pv: PVDtype, smooth_k, return_lse, quant_backend):
+    with _on_device(q):
+        return _kernels().attention_fwd(
+            q, k, v, is_causal=is_causal, sm_scale=sm_scale, pv=pv, smooth_k=smooth_k,
+            attn_mask=attn_mask, return_lse=return_lse, quant_backend=quant_backend,
+        )  # fmt: skip
+
+
+def _triton_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, sm_scale, pv: PVDtype, smooth_k):
+    with _on_device(q):
+        return _kernels().varlen_fwd(
+            q,
+            k,
+            v,
+            cu_q,
+            cu_k,
+            max_q,
+            max_k,
+            is_causal=is_causal,
+            sm_scale=sm_scale,
+            pv=pv,
+            smooth_k=smooth_k,
+        )
+
+
+@torch.library.custom_op("sageattention::triton_attn", mutates_args=(), schema=_ATTN_SCHEMA)
+def _triton_attn_op(q, k, v, attn_mask, is_causal, sm_scale, pv, smooth_k, return_lse, quant_backend):
+    # Inputs may come back from a compiled graph with other strides; the kernels need a unit last stride.
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    out, lse = _triton_attn(
+        q, k, v, attn_mask, is_causal, sm_scale, _PV_BY_VALUE[pv], smooth_k, return_lse, quant_backend
+    )
+    if lse is None:  # an op returns tensors only: "no LSE" is an empty one
+        lse = q.new_empty((0,), dtype=torch.float32)
+    return out, lse
+
+
+@_triton_attn_op.register_fake
+def _(q, k, v, attn_mask, is_causal, sm_scale, pv, smooth_k, return_lse, quant_backend):
+    lse_shape = (q.shape[0], q.shape[1], q.shape[2]) if return_lse else (0,)
+    return torch.empty_like(q), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("sageattention::triton_varlen", mutates_args=(), schema=_VARLEN_SCHEMA)
+def _triton_varlen_op(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, sm_scale, pv, smooth_k):
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    return _triton_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, sm_scale, _PV_BY_VALUE[pv], smooth_k)
+
+
+@_triton_varlen_op.register_fake
+def _(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, sm_scale, pv, smooth_k):
+    return torch.empty_like(q)
+
+
+def triton_attention(q, k, v, *, attn_mask, is_causal, sm_scale, return_lse, smooth_k, pv, options):
+    """Quantized attention on HND views through the Triton kernels: (out like q, lse or None).
+
+    Of the options only ``quantization_backend`` applies: "cuda" quantizes with the compiled fused
+    ops (same arithmetic as the Triton quantization kernels, bit for bit) and needs them built.
+    """
+    quant_backend = options.get("quantization_backend", "triton")
+    if quant_backend == "cuda" and (reason := fused_quant_unavailable_reason()) is not None:
+        raise RuntimeError(f"quantization_backend='cuda' needs the compiled quantization kernels: {reason}")
+    if torch.compiler.is_compiling():
+        out, lse = torch.ops.sageattention.triton_attn(
+            q, k, v, attn_mask, is_causal, sm_scale, pv.value, smooth_k, return_lse, quant_backend
+        )
+        return out, (lse if return_lse else None)
+    return _triton_attn(q, k, v, attn_mask, is_causal, sm_scale, pv, smooth_k, return_lse, quant_backend)
+
+
+def triton_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, is_causal, sm_scale, smooth_k, pv, options):
+    """Packed-sequence attention through the Triton kernels (K smoothed per sequence)."""
+    del options
+    if torch.compiler.is_compiling():
+        return torch.ops.sageattention.triton_varlen(
+            q, k, v, cu_q, cu_k, max_q, max_k, is_causal, sm_scale, pv.value, smooth_k
+        )
+    return _triton_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal, sm_scale, pv, smooth_k)
+
+
+# --------------------------------------------------------------------------------------------------
+# torch SDPA fallback
+
+
+def _causal_visible(nq: int, nk: int, device) -> torch.Tensor:
+    """[Nq, Nk] bool: query i sees keys j <= i (SDPA's top-left alignment)."""
+    return torch.ones(nq, nk, dtype=torch.bool, device=device).tril()
+
+
+def _merge_causal(attn_mask: torch.Tensor, nq: int, nk: int) -> torch.Tensor:
+    """One mask holding both attn_mask and the causal mask (SDPA refuses the two together)."""
+    visible = _causal_visible(nq, nk, attn_mask.device)
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & visible
+    # where(), not masked_fill(): the mask may broadcast (e.g. [Nq, 1]) and must grow to [.., Nq, Nk]
+    return torch.where(visible, attn_mask, -math.inf)
+
+
+def _rows_with_a_visible_key(mask: torch.Tensor) -> torch.Tensor:
+    if mask.dtype == torch.bool:
+        return mask.any(dim=-1, keepdim=True)
+    return (mask != -math.inf).any(dim=-1, keepdim=True)
+
+
+def _expand_kv(x: torch.Tensor, q_heads: int) -> torch.Tensor:
+    groups = q_heads // x.shape[1]
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+def sdpa_lse(q, k, attn_mask, is_causal: bool, sm_scale: float) -> torch.Tensor:
+    """Natural-log LSE [B, Hq, Nq] (float32) of the scaled, masked scores, in blocks of query rows."""
+    b, hq, nq, _ = q.shape
+    nk = k.shape[2]
+    kf = _expand_kv(k, hq).float().transpose(-1, -2)
+    rows = max(1, _LSE_BLOCK_ELEMENTS // max(1, b * hq * nk))
+    parts = []
+    for start in range(0, nq, rows):
+        stop = min(start + rows, nq)
+        s = torch.matmul(q[:, :, start:stop].float(), kf) * sm_scale
+        if attn_mask is not None:
+            m = attn_mask if attn_mask.shape[-2] == 1 else attn_mask[..., start:stop, :]
+            s = s.masked_fill(~m, -math.inf) if m.dtype == torch.bool else s + m.float()
+        if is_causal:
+            s = s.masked_fill(~_causal_visible(nq, nk, q.device)[start:stop], -math.inf)
+        parts.append(torch.logsumexp(s, dim=-1))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+def sdpa_attention(q, k, v, *, attn_mask, is_causal, sm_scale, return_lse, **unused):
+    """torch SDPA on HND views with SageAttention's semantics: (out, lse or None). Not quantized."""
+    del unused  # quantization options mean nothing here
+    nq, nk = q.shape[2], k.shape[2]
+    mask = attn_mask
+    if mask is not None and is_causal:
+        mask, is_causal = _merge_causal(mask, nq, nk), False
+    extra = {}
+    if q.shape[1] != k.shape[1]:
+        if _SDPA_HAS_GQA:
+            extra["enable_gqa"] = True
+        else:
+            k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=is_causal, scale=sm_scale, **extra
+    )
+    if mask is not None:
+        # Rows with no visible key give 0 on every torch version and backend (some give NaN).
+        out = out.masked_fill(~_rows_with_a_visible_key(mask), 0.0)
+    like_q = torch.empty_like(q)
+    if like_q.stride() != out.stride():  # give the caller's memory layout back, as the kernels do
+        out = like_q.copy_(out)
+    lse = sdpa_lse(q, k, mask, is_causal, sm_scale) if return_lse else None
+    return out, lse
+
+
+def sdpa_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, is_causal, sm_scale, **unused):
+    """Packed sequences through torch SDPA, one sequence at a time (reads cu_seqlens on the host)."""
+    del max_q, max_k, unused
+    out = torch.zeros_like(q)
+    bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
+    for i in range(len(bounds_q) - 1):
+        q0, q1, k0, k1 = bounds_q[i], bounds_q[i + 1], bounds_k[i], bounds_k[i + 1]
+        if q1 == q0 or k1 == k0:  # no query, or no key to see: the rows stay 0
+            continue
+        seq_q, seq_k, seq_v = (x.transpose(0, 1).unsqueeze(0) for x in (q[q0:q1], k[k0:k1], v[k0:k1]))
+        o, _ = sdpa_attention(seq_q, seq_k, seq_v, attn_mask=None, is_causal=is_causal, sm_scale=sm_scale,
+                              return_lse=False)  # fmt: skip
+        out[q0:q1] = o[0].transpose(0, 1)
+    return out

@@ -1,0 +1,381 @@
+"""Command line: ``python -m sagebuild {plan,build,verify,index,which,docs,validate}``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from . import docs, envs
+from .errors import SagebuildError, UsageError
+from .matrix import REPO_ROOT, Matrix, Target
+
+EXAMPLES = """\
+examples:
+  python -m sagebuild plan --profile stable --platform linux
+  python -m sagebuild plan --profile sage2-all --format github
+  python -m sagebuild build                                   # the wheel for this machine
+  python -m sagebuild build --target linux-sageattention-pytorch28-cu129-python312
+  python -m sagebuild build --torch 2.14.1 --cuda 13.0 --python 3.11 --archs 9.0a
+  python -m sagebuild build --cpu                             # pure-Python wheel
+  python -m sagebuild verify wheelhouse/*.whl
+  python -m sagebuild index wheelhouse && python -m sagebuild which --index wheelhouse
+"""
+
+
+def _load(args: argparse.Namespace) -> Matrix:
+    return Matrix.load(args.matrix)
+
+
+# ----------------------------------------------------------------------------------------------------
+# plan
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    matrix = _load(args)
+    if args.profile not in matrix.profiles:
+        raise UsageError(f"unknown profile {args.profile!r}; valid profiles: {', '.join(matrix.profiles)}")
+    targets = matrix.profile_targets(args.profile, platform=args.platform, package=args.package)
+    runners = {name: p.runner for name, p in matrix.platforms.items()}
+    if args.format == "github":
+        print(
+            json.dumps({"include": [t.to_dict(runners[t.platform]) for t in targets]}, separators=(",", ":"))
+        )
+        return 0
+    if args.format == "json":
+        payload = {
+            "profile": args.profile,
+            "description": matrix.profiles[args.profile].description,
+            "count": len(targets),
+            "targets": [t.to_dict(runners[t.platform]) for t in targets],
+        }
+        print(json.dumps(payload, indent=2))
+        return 0
+    profile = matrix.profiles[args.profile]
+    per_platform: dict[str, int] = {}
+    for t in targets:
+        per_platform[t.platform] = per_platform.get(t.platform, 0) + 1
+    counts = ", ".join(f"{n} {p}" for p, n in per_platform.items()) or "none"
+    print(f"profile {args.profile}: {profile.description}")
+    print(f"{len(targets)} builds ({counts})")
+    width = max((len(t.id) for t in targets), default=0)
+    for t in targets:
+        print(
+            f"  {t.id:<{width}}  torch {t.torch:<7} CUDA {t.cuda:<5} Python {t.python:<5} archs {t.arch_list}"
+        )
+        print(f"  {'':<{width}}  -> {t.wheel_name}")
+        if t.dropped_archs:
+            print(
+                f"  {'':<{width}}     ({', '.join(t.dropped_archs)} left out: CUDA {t.cuda} cannot target it)"
+            )
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# build
+
+
+def _targets_for_build(args: argparse.Namespace, matrix: Matrix) -> list[Target | None]:
+    from .build import auto_target  # noqa: PLC0415
+
+    pure = args.cpu or os.environ.get("SAGEATTENTION_BUILD_CUDA", "").strip() == "0"
+    explicit = [args.target, args.profile, args.torch or args.cuda or args.python]
+    if sum(bool(x) for x in explicit) > 1:
+        raise UsageError("give one of --target, --profile, or --torch/--cuda/--python")
+    if pure:
+        if any(explicit):
+            raise UsageError(
+                "--cpu (or SAGEATTENTION_BUILD_CUDA=0) builds the pure-Python wheel: drop the target"
+            )
+        return [None]
+    if args.target:
+        target = matrix.find_target(args.target)
+        if args.archs:
+            target = matrix.make_target(
+                target.package, target.platform, target.torch, target.cuda, target.python, args.archs
+            )
+        return [target]
+    if args.profile:
+        platform = envs.current_platform()
+        targets = matrix.profile_targets(args.profile, platform=platform, package=args.package)
+        if not targets:
+            raise UsageError(f"profile {args.profile} has no {args.package} builds for {platform}")
+        return list(targets)
+    cuda_home = Path(args.cuda_home) if args.cuda_home else None
+    target = auto_target(
+        matrix,
+        args.package,
+        cuda_home,
+        args.python_exe,
+        args.archs,
+        torch=args.torch,
+        cuda=args.cuda,
+        python=args.python,
+    )
+    if target is None:
+        print(
+            "no nvcc found on this machine: building the pure-Python wheel (use --torch/--cuda/--python "
+            "or --target to build a CUDA wheel with a toolkit from pip packages)",
+            flush=True,
+        )
+    return [target]
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from .build import BuildOptions, build, cache_dir  # noqa: PLC0415
+
+    matrix = _load(args)
+    targets = _targets_for_build(args, matrix)
+    built = []
+    for target in targets:
+        options = BuildOptions(
+            package=args.package,
+            target=target,
+            index_url=args.index_url,
+            cuda_home=Path(args.cuda_home) if args.cuda_home else None,
+            toolkit=args.toolkit,
+            python_exe=args.python_exe,
+            out=Path(args.out),
+            use_current_env=args.use_current_env,
+            fresh_env=args.fresh_env,
+            repair=args.repair,
+            verify=not args.no_verify,
+            smoke=not args.no_smoke,
+            allow_missing_cuobjdump=args.allow_missing_cuobjdump,
+            cache=Path(args.cache_dir).resolve() if args.cache_dir else cache_dir(),
+        )
+        built.append(build(matrix, options))
+    if len(built) > 1:
+        print(f"built {len(built)} wheels:")
+        for path in built:
+            print(f"  {path}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# verify / index / which / docs
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .build import cache_dir  # noqa: PLC0415
+    from .matrix import parse_arch_list  # noqa: PLC0415
+    from .verify import VerifyOptions, verify_paths  # noqa: PLC0415
+
+    matrix = _load(args)
+    options = VerifyOptions(
+        expect_archs=parse_arch_list(args.expect_archs) if args.expect_archs else None,
+        smoke=not args.no_smoke,
+        smoke_python=args.smoke_python,
+        find_links=list(args.find_links or []),
+        index_url=args.index_url,
+        torch_site=args.smoke_torch_site,
+        cuobjdump=args.cuobjdump,
+        allow_missing_cuobjdump=args.allow_missing_cuobjdump,
+        fetch_cuobjdump=args.fetch_cuobjdump,
+        cache_dir=cache_dir(),
+    )
+    reports = verify_paths([Path(p) for p in args.wheels], matrix, options)
+    failed = [r.wheel for r in reports if not r.passed]
+    if len(reports) > 1:
+        print(f"{len(reports) - len(failed)} of {len(reports)} wheels passed")
+    return 1 if failed else 0
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from .index import build_index  # noqa: PLC0415
+
+    matrix = _load(args)
+    out = Path(args.out) if args.out else Path(args.dir)
+    manifest = build_index(Path(args.dir), out, matrix, copy=args.copy)
+    simple = (out / "simple").resolve()
+    print(f"{simple}: {len(manifest['simple'])} wheels")
+    for variant, files in manifest["variants"].items():
+        print(f"{(out / variant / 'simple').resolve()}: {len(files)} wheels")
+    print(f"install with: pip install --index-url {envs.file_uri(simple)} <project>")
+    print("(per-PyTorch indexes above; `python -m sagebuild which --index DIR` names yours)")
+    return 0
+
+
+def cmd_which(args: argparse.Namespace) -> int:
+    from .index import EnvInfo, current_env, which  # noqa: PLC0415
+
+    matrix = _load(args)
+    env = current_env()
+    if args.torch or args.cuda or args.python or args.platform:
+        env = EnvInfo(
+            python=args.python or env.python,
+            platform=args.platform or env.platform,
+            torch=args.torch or env.torch,
+            torch_cuda=args.cuda if args.cuda else env.torch_cuda,
+        )
+    code, lines = which(matrix, env, args.package, Path(args.index) if args.index else None)
+    print("\n".join(lines))
+    return code
+
+
+def cmd_docs(args: argparse.Namespace) -> int:
+    matrix = _load(args)
+    text = docs.render(matrix)
+    path = Path(args.output) if args.output else matrix.root / docs.OUTPUT
+    if args.check:
+        current = path.read_text(encoding="utf-8") if path.exists() else ""
+        if current != text:
+            print(f"{path} is out of date: run `python -m sagebuild docs` and commit it", file=sys.stderr)
+            return 1
+        print(f"{path} is up to date")
+        return 0
+    path.write_text(text, encoding="utf-8", newline="\n")
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    matrix = _load(args)
+    builds = sum(len(matrix.profile_targets(p)) for p in matrix.profiles)
+    print(
+        f"{args.matrix}: valid ({len(matrix.torch)} PyTorch releases, {len(matrix.cuda)} CUDA versions, "
+        f"{len(matrix.profiles)} profiles, {builds} profile builds)"
+    )
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m sagebuild",
+        description="Build, name, verify and index SageAttention wheels from build-matrix.yaml.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--matrix", default=str(REPO_ROOT / "build-matrix.yaml"), help="matrix file (default: %(default)s)"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    plan = sub.add_parser("plan", help="list the builds of a profile")
+    plan.add_argument("--profile", required=True)
+    plan.add_argument("--package", choices=["sageattention", "sageattn3"])
+    plan.add_argument("--platform", choices=["linux", "windows"])
+    plan.add_argument("--format", choices=["text", "json", "github"], default="text")
+    plan.set_defaults(func=cmd_plan)
+
+    build = sub.add_parser(
+        "build",
+        help="build (and verify) one wheel",
+        description="Build a wheel in a clean environment and verify it. Without a target: the wheel for "
+        "this machine (its Python, its nvcc's CUDA, the newest PyTorch shipping that CUDA), or the "
+        "pure-Python wheel when there is no nvcc.",
+    )
+    build.add_argument("--target", help="a build id from `plan`")
+    build.add_argument("--profile", help="build every target of a profile for this platform")
+    build.add_argument("--torch", help="PyTorch version, e.g. 2.8.0")
+    build.add_argument("--cuda", help="CUDA version, e.g. 12.9")
+    build.add_argument("--python", help="Python version, e.g. 3.12")
+    build.add_argument("--package", default="sageattention", choices=["sageattention", "sageattn3"])
+    build.add_argument("--archs", help='arch list, e.g. "9.0a" or "8.9;9.0a" (default: the package defaults)')
+    build.add_argument(
+        "--cpu", action="store_true", help="pure-Python wheel (also SAGEATTENTION_BUILD_CUDA=0)"
+    )
+    build.add_argument(
+        "--index-url", help="index to install torch from (default: $SAGEBUILD_TORCH_INDEX, then pip's)"
+    )
+    build.add_argument("--cuda-home", help="use this CUDA toolkit instead of the machine's or pip packages")
+    build.add_argument(
+        "--toolkit",
+        choices=["auto", "local", "pip"],
+        default="auto",
+        help="CUDA toolkit: the machine's when its nvcc matches, else pip packages (auto); "
+        "only the machine's (local); always pip packages (pip)",
+    )
+    build.add_argument("--python-exe", help="interpreter for the target Python (default: found on PATH)")
+    build.add_argument(
+        "--out", default=str(REPO_ROOT / "wheelhouse"), help="where the wheel goes (default: %(default)s)"
+    )
+    build.add_argument(
+        "--cache-dir",
+        help="environments, toolkits, work folders (default: $SAGEBUILD_CACHE_DIR or .sagebuild)",
+    )
+    build.add_argument(
+        "--use-current-env",
+        "--no-isolation-env",
+        action="store_true",
+        help="build in the running environment instead of a clean venv",
+    )
+    build.add_argument("--fresh-env", action="store_true", help="recreate the cached build environment")
+    repair = build.add_mutually_exclusive_group()
+    repair.add_argument(
+        "--repair",
+        dest="repair",
+        action="store_const",
+        const="yes",
+        help="require auditwheel repair (Linux) / delvewheel check (Windows), installing the tool",
+    )
+    repair.add_argument("--no-repair", dest="repair", action="store_const", const="no")
+    build.set_defaults(repair="auto")
+    build.add_argument("--no-verify", action="store_true")
+    build.add_argument("--no-smoke", action="store_true", help="verify without the install + import test")
+    build.add_argument("--allow-missing-cuobjdump", action="store_true")
+    build.set_defaults(func=cmd_build)
+
+    verify = sub.add_parser("verify", help="check wheels: name, metadata, RECORD, SASS, install")
+    verify.add_argument("wheels", nargs="+", metavar="WHEEL")
+    verify.add_argument("--expect-archs", help='archs the wheel must hold, e.g. "8.9;9.0a"')
+    verify.add_argument("--no-smoke", action="store_true", help="skip the install + import test")
+    verify.add_argument(
+        "--smoke-python", help="interpreter for the smoke venv (default: one matching the wheel)"
+    )
+    verify.add_argument(
+        "--find-links", action="append", help="where the smoke install finds torch (repeatable)"
+    )
+    verify.add_argument("--index-url", help="index for the smoke install")
+    verify.add_argument("--smoke-torch-site", help="reuse the torch installed in this site-packages")
+    verify.add_argument("--cuobjdump", help="path to cuobjdump")
+    verify.add_argument(
+        "--fetch-cuobjdump", action="store_true", help="install nvidia-cuda-cuobjdump when none is found"
+    )
+    verify.add_argument(
+        "--allow-missing-cuobjdump", action="store_true", help="skip the SASS check without cuobjdump"
+    )
+    verify.set_defaults(func=cmd_verify)
+
+    index = sub.add_parser("index", help="write a PEP 503 simple index for a folder of wheels")
+    index.add_argument("dir")
+    index.add_argument("--out", help="where the index goes (default: DIR)")
+    index.add_argument("--copy", action="store_true", help="copy the wheels into OUT/files")
+    index.set_defaults(func=cmd_index)
+
+    which = sub.add_parser("which", help="name the wheel that fits this environment")
+    which.add_argument("--index", help="an index made by `index`")
+    which.add_argument("--package", default="sageattention", choices=["sageattention", "sageattn3"])
+    which.add_argument("--torch", help="pretend this torch version")
+    which.add_argument("--cuda", help="pretend this torch CUDA version")
+    which.add_argument("--python", help="pretend this Python version")
+    which.add_argument("--platform", choices=["linux", "windows"], help="pretend this platform")
+    which.set_defaults(func=cmd_which)
+
+    doc = sub.add_parser("docs", help="render BUILD_MATRIX.md from the matrix")
+    doc.add_argument("--check", action="store_true", help="exit 1 when the file is out of date")
+    doc.add_argument("--output", help="file to write (default: BUILD_MATRIX.md next to the matrix)")
+    doc.set_defaults(func=cmd_docs)
+
+    validate = sub.add_parser("validate", help="check build-matrix.yaml")
+    validate.set_defaults(func=cmd_validate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except SagebuildError as exc:
+        print(f"sagebuild {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,194 @@
+"""``sagebuild docs``: BUILD_MATRIX.md, rendered from build-matrix.yaml."""
+
+from __future__ import annotations
+
+from . import tags
+from .matrix import Matrix
+
+OUTPUT = "BUILD_MATRIX.md"
+
+
+def _row(cells) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _table(header, rows) -> list[str]:
+    return [_row(header), _row(["---"] * len(header)), *(_row(r) for r in rows), ""]
+
+
+def render(matrix: Matrix) -> str:
+    lines = [
+        "# Build matrix",
+        "",
+        "<!-- Generated from build-matrix.yaml by `python -m sagebuild docs`. Do not edit by hand. -->",
+        "",
+        "What can be built, and what each build profile builds. Build one with",
+        "`python -m sagebuild build --target ID`; list a profile with",
+        "`python -m sagebuild plan --profile NAME`.",
+        "See docs/building.md for how builds, names and checks work.",
+        "",
+        "## Packages",
+        "",
+    ]
+    rows = []
+    for pkg in matrix.packages.values():
+        example = next(
+            (t for p in matrix.profiles for t in matrix.profile_targets(p, package=pkg.name)), None
+        )
+        rows.append(
+            [
+                f"`{pkg.name}` {matrix.package_version(pkg.name)}",
+                "`{torch}.{cuda}` build tag"
+                if pkg.naming == "build-tag"
+                else "`+cu{cuda}torch{version}` local version",
+                ", ".join(pkg.default_archs),
+                ", ".join(pkg.optional_archs) or "-",
+                f"`{example.wheel_name}`" if example else "-",
+            ]
+        )
+    lines += _table(["package", "naming", "default archs", "optional archs", "example"], rows)
+
+    lines += ["## Platforms", ""]
+    lines += _table(
+        ["platform", "wheel tag", "after repair", "CI runner"],
+        [
+            [
+                p.name,
+                f"`{p.wheel_platform}`",
+                f"`{p.repair_platform}`" if p.repair_platform else "-",
+                p.runner,
+            ]
+            for p in matrix.platforms.values()
+        ],
+    )
+
+    lines += [
+        "## PyTorch releases",
+        "",
+        "CUDA builds that sageattention can use and the CPython versions each release ships wheels for.",
+        "The plain package index serves one CUDA build per release (the plain index columns); the others",
+        "come from a CUDA-specific index (`--index-url` or `SAGEBUILD_TORCH_INDEX`).",
+        "",
+    ]
+    platforms = list(matrix.platforms)
+    lines += _table(
+        [
+            "PyTorch",
+            "build tag",
+            "CUDA builds",
+            "Python",
+            *[f"plain index ({p})" for p in platforms],
+            "source",
+        ],
+        [
+            [
+                r.version,
+                f"`{tags.torch_tag(r.version)}`",
+                ", ".join(r.cuda),
+                ", ".join(r.python),
+                *[
+                    (f"CUDA {r.registry_cuda[p]}" if r.registry_cuda.get(p) else "CPU only")
+                    for p in platforms
+                ],
+                r.source,
+            ]
+            for r in matrix.torch.values()
+        ],
+    )
+
+    lines += [
+        "## CUDA toolkits",
+        "",
+        "Archs are TORCH_CUDA_ARCH_LIST names; `a` marks arch-specific code (it runs only on that exact GPU",
+        "generation). 12.0 needs CUDA >= 12.8; CUDA 13 targets nothing below 7.5.",
+        "",
+    ]
+    rows = []
+    for c in matrix.cuda.values():
+        per_package = [
+            ", ".join(a for a in pkg.all_archs if a in c.archs) or "-" for pkg in matrix.packages.values()
+        ]
+        if c.pip.unusable:
+            toolkit = "no: " + " ".join(c.pip.unusable.split())
+        else:
+            toolkit = "yes: " + ", ".join(f"`{p}`" for p in c.pip.compiler_packages)
+        rows.append(
+            [
+                c.version,
+                f"`{c.tag}`",
+                *per_package,
+                ", ".join(c.archs),
+                toolkit,
+                ", ".join(f"`{p}`" for p in c.pip.cuobjdump) or "-",
+            ]
+        )
+    lines += _table(
+        [
+            "CUDA",
+            "tag",
+            *[f"{p} archs" for p in matrix.packages],
+            "every SASS target",
+            "toolkit from pip packages",
+            "cuobjdump",
+        ],
+        rows,
+    )
+
+    for pkg in matrix.packages.values():
+        if not pkg.extensions:
+            continue
+        lines += [
+            f"## Extension modules of {pkg.name}",
+            "",
+            "Each module gets SASS only for the requested archs",
+            "that pass its filter; a module without kernel sources is skipped.",
+            "",
+        ]
+        lines += _table(
+            ["module", "kernel sources", "also compiled in", "archs"],
+            [
+                [
+                    f"`{e.name}`",
+                    ", ".join(f"`{k}`" for k in e.kernels),
+                    ", ".join(f"`{s}`" for s in e.shared) or "-",
+                    e.describe_filter(),
+                ]
+                for e in pkg.extensions
+            ],
+        )
+
+    lines += [
+        "## Profiles",
+        "",
+        "Builds per platform; every profile builds the same list on each platform it names.",
+        "",
+    ]
+    lines += _table(
+        ["profile", "package", "builds", "platforms", "description"],
+        [
+            [
+                f"`{p.name}`",
+                matrix.sets[p.set]["package"],
+                len(matrix.profile_targets(p.name, platform=(p.platforms or platforms)[0])),
+                ", ".join(p.platforms or platforms),
+                p.description,
+            ]
+            for p in matrix.profiles.values()
+        ],
+    )
+    for p in matrix.profiles.values():
+        first = (p.platforms or platforms)[0]
+        targets = matrix.profile_targets(p.name, platform=first)
+        others = [x for x in (p.platforms or platforms) if x != first]
+        lines += [f"### {p.name}", "", p.description + ".", ""]
+        if others:
+            lines += [
+                f"Listed for {first}; {', '.join(others)} builds the same with its own id prefix and "
+                "wheel tag.",
+                "",
+            ]
+        lines += _table(
+            ["build id", "PyTorch", "CUDA", "Python", "archs", "wheel"],
+            [[f"`{t.id}`", t.torch, t.cuda, t.python, t.arch_list, f"`{t.wheel_name}`"] for t in targets],
+        )
+    return "\n".join(lines).rstrip() + "\n"

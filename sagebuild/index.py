@@ -1,0 +1,216 @@
+"""``sagebuild index`` (a PEP 503 simple index of a wheel folder) and ``sagebuild which``.
+
+pip picks among wheels of one version by tag, then by build tag, and never backtracks over wheels
+of the same version on a dependency conflict. Build-tagged sageattention wheels all share one
+version, so a single flat index would always offer the highest build tag (the newest torch). Next to
+the flat ``simple/`` index, ``index`` therefore writes one index per PyTorch build,
+``torch2.8.0-cu129/simple/``, holding that build's wheels plus the pure-Python wheel; ``which``
+names the one that fits an environment. (sageattn3 wheels differ in their local version, so pip's
+resolver can choose among them in the flat index as well.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from . import envs, tags
+from .errors import MatrixError, SagebuildError, TagError
+from .matrix import Matrix
+
+INDEX_MANIFEST = "sagebuild-index.json"
+
+
+def variant_name(torch: str, cuda: str) -> str:
+    """The folder of one PyTorch build's index: ``torch2.8.0-cu129``."""
+    return f"torch{torch}-{tags.cuda_tag(cuda)}"
+
+
+@dataclass
+class IndexedWheel:
+    path: Path
+    filename: str
+    project: str
+    sha256: str
+    variant: str | None  # None: every variant (pure wheels) or only the flat index (unknown names)
+    pure: bool
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _href(target: Path, page_dir: Path) -> str:
+    try:
+        return Path(os.path.relpath(target, page_dir)).as_posix()
+    except ValueError:  # another drive on Windows
+        return envs.file_uri(target)
+
+
+def _write_page(path: Path, title: str, links: list[tuple[str, str]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = "\n".join(f'    <a href="{html.escape(href)}">{html.escape(text)}</a><br>' for href, text in links)
+    path.write_text(
+        "<!DOCTYPE html>\n<html>\n  <head>\n"
+        '    <meta name="pypi:repository-version" content="1.0">\n'
+        f"    <title>{html.escape(title)}</title>\n  </head>\n  <body>\n"
+        f"    <h1>{html.escape(title)}</h1>\n{body}\n  </body>\n</html>\n",
+        encoding="utf-8",
+    )
+
+
+def _write_simple(root: Path, wheels: list[IndexedWheel]) -> None:
+    """``root/index.html`` listing projects and ``root/<project>/index.html`` listing files."""
+    if root.exists():
+        shutil.rmtree(root)
+    projects = sorted({w.project for w in wheels})
+    _write_page(root / "index.html", "Simple index", [(f"{p}/", p) for p in projects])
+    for project in projects:
+        page = root / project / "index.html"
+        links = [
+            (f"{_href(w.path, page.parent)}#sha256={w.sha256}", w.filename)
+            for w in sorted(wheels, key=lambda w: w.filename)
+            if w.project == project
+        ]
+        _write_page(page, f"Links for {project}", links)
+
+
+def build_index(wheel_dir: Path, out_dir: Path, matrix: Matrix, copy: bool = False) -> dict:
+    """Write the flat and per-build indexes for the wheels in ``wheel_dir``; returns the manifest."""
+    wheel_dir, out_dir = Path(wheel_dir).resolve(), Path(out_dir).resolve()
+    found = sorted(wheel_dir.glob("*.whl"))
+    if not found:
+        raise SagebuildError(f"no .whl files in {wheel_dir}")
+    wheels: list[IndexedWheel] = []
+    for path in found:
+        try:
+            project = canonicalize_name(parse_wheel_filename(path.name)[0])
+        except ValueError as exc:
+            print(f"skipping {path.name}: {exc}", file=sys.stderr)
+            continue
+        variant, pure = None, False
+        try:
+            name = tags.parse_wheel_name(
+                path.name, matrix.torch, matrix.cuda, matrix.wheel_platforms(), matrix.naming()
+            )
+            pure = name.kind == "pure"
+            if not pure:
+                variant = variant_name(name.torch, name.cuda)
+        except (TagError, MatrixError) as exc:
+            print(f"note: {path.name} goes into the flat index only ({exc})", file=sys.stderr)
+        if copy:
+            files = out_dir / "files"
+            files.mkdir(parents=True, exist_ok=True)
+            if path.parent != files:
+                shutil.copy2(path, files / path.name)
+            path = files / path.name
+        wheels.append(IndexedWheel(path, path.name, project, _sha256(path), variant, pure))
+    _write_simple(out_dir / "simple", wheels)
+    variants = sorted({w.variant for w in wheels if w.variant})
+    manifest = {"simple": sorted(w.filename for w in wheels), "variants": {}}
+    for variant in variants:
+        chosen = [w for w in wheels if w.variant == variant]
+        projects = {w.project for w in chosen}
+        chosen += [w for w in wheels if w.pure and w.project in projects]
+        _write_simple(out_dir / variant / "simple", chosen)
+        manifest["variants"][variant] = sorted(w.filename for w in chosen)
+    (out_dir / INDEX_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return manifest
+
+
+# ----------------------------------------------------------------------------------------------------
+# which
+
+
+@dataclass
+class EnvInfo:
+    python: str
+    platform: str | None
+    torch: str | None  # public version, e.g. 2.8.0
+    torch_cuda: str | None
+
+
+def current_env() -> EnvInfo:
+    torch_version = torch_cuda = None
+    try:
+        import torch  # noqa: PLC0415
+
+        torch_version = torch.__version__.split("+")[0]
+        torch_cuda = torch.version.cuda
+    except ImportError:
+        pass
+    return EnvInfo(
+        f"{sys.version_info[0]}.{sys.version_info[1]}", envs.current_platform(), torch_version, torch_cuda
+    )
+
+
+def which(
+    matrix: Matrix, env: EnvInfo, package: str = "sageattention", index_dir: Path | None = None
+) -> tuple[int, list[str]]:
+    """(exit code, lines): the wheel that fits ``env`` and how to install it."""
+    pkg = matrix.package(package)
+    version = matrix.package_version(package)
+    cuda_text = f" (CUDA {env.torch_cuda})" if env.torch_cuda else (" (CPU build)" if env.torch else "")
+    lines = [
+        f"environment: Python {env.python}, platform {env.platform or 'unsupported'}, "
+        f"torch {env.torch or 'not installed'}{cuda_text}"
+    ]
+    pure_wheel = f"{pkg.name}-{version}-py3-none-any.whl"
+    if env.platform is None:
+        lines.append(
+            f"no {pkg.name} CUDA wheels are built for this platform; "
+            f"the pure-Python wheel works: {pure_wheel}"
+        )
+        return 1, lines
+    if env.torch is None:
+        lines.append(
+            f"install PyTorch first: a {pkg.name} CUDA wheel is built for one torch release and pins it"
+        )
+        return 1, lines
+    if env.torch_cuda is None:
+        if pkg.naming == "local-version":
+            lines.append(f"{pkg.name} needs a CUDA build of torch")
+            return 1, lines
+        lines.append(f"torch is a CPU build: the pure-Python wheel fits: {pure_wheel}")
+        lines.append(f"  pip install {pure_wheel}")
+        return 0, lines
+    try:
+        target = matrix.make_target(pkg.name, env.platform, env.torch, env.torch_cuda, env.python)
+    except MatrixError as exc:
+        lines.append(f"no {pkg.name} build fits this environment: {exc}")
+        if pkg.naming == "build-tag":
+            lines.append(f"the pure-Python wheel works with any torch >= 2.4: {pure_wheel}")
+        return 1, lines
+    variant = variant_name(target.torch, target.cuda)
+    lines.append(f"build id: {target.id}")
+    lines.append(f"wheel:    {target.wheel_name}")
+    if index_dir is not None:
+        manifest_path = Path(index_dir) / INDEX_MANIFEST
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            lines.append(f"{manifest_path} not found: run `python -m sagebuild index {index_dir}` first")
+            return 1, lines
+        if target.wheel_name in manifest.get("variants", {}).get(variant, []):
+            simple = (Path(index_dir) / variant / "simple").resolve()
+            lines.append(f"  pip install --index-url {envs.file_uri(simple)} {pkg.name}")
+            return 0, lines
+        lines.append(f"not in {index_dir}; build it with:")
+    else:
+        lines.append("build it with:")
+    lines.append(f"  python -m sagebuild build --target {target.id}")
+    lines.append("then install it with:")
+    lines.append(f"  pip install wheelhouse/{target.wheel_name}")
+    return (1 if index_dir is not None else 0), lines

@@ -1,0 +1,153 @@
+"""The references themselves: attention_ref against torch SDPA (float64), sage_ref against attention_ref.
+
+Everything else is judged against these two, so they are checked first, on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sageattention.quant import PVDtype
+from sageattention.reference import attention_ref, sage_ref
+
+F64 = torch.float64
+
+
+def _sdpa64(q, k, v, **kw):
+    """torch SDPA in float64 on HND tensors, GQA by repeating KV heads."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), **kw)
+
+
+@pytest.mark.parametrize(
+    "nq,nk,hq,hkv", [(16, 16, 2, 2), (7, 19, 4, 2), (19, 7, 4, 1), (1, 33, 2, 2), (33, 1, 2, 2)]
+)
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_ref_matches_sdpa(inputs, nq, nk, hq, hkv, causal):
+    """Plain, causal (top-left, also when q_len != kv_len) and grouped-query attention."""
+    q, k, v = inputs.make_qkv(2, hq, hkv, nq, nk, 24, dtype=F64)
+    out = attention_ref(q, k, v, is_causal=causal)
+    torch.testing.assert_close(out, _sdpa64(q, k, v, is_causal=causal), rtol=1e-10, atol=1e-10)
+
+
+def test_attention_ref_sm_scale(inputs):
+    q, k, v = inputs.make_qkv(1, 2, 2, 9, 11, 16, dtype=F64)
+    out = attention_ref(q, k, v, sm_scale=0.37)
+    torch.testing.assert_close(out, _sdpa64(q, k, v, scale=0.37), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "mask_shape", [(9, 11), (1, 9, 11), (1, 1, 9, 11), (2, 1, 9, 11), (2, 4, 9, 11), (1, 11)]
+)
+def test_attention_ref_bool_mask(inputs, mask_shape):
+    q, k, v = inputs.make_qkv(2, 4, 2, 9, 11, 16, dtype=F64)
+    mask = torch.rand(mask_shape, generator=torch.Generator().manual_seed(1)) > 0.3
+    mask[..., 0] = True  # keep every row alive: SDPA reference semantics for dead rows are tested below
+    torch.testing.assert_close(
+        attention_ref(q, k, v, attn_mask=mask), _sdpa64(q, k, v, attn_mask=mask), rtol=1e-10, atol=1e-10
+    )
+
+
+def test_attention_ref_additive_mask(inputs):
+    q, k, v = inputs.make_qkv(2, 4, 4, 9, 11, 16, dtype=F64)
+    bias = torch.randn(1, 4, 9, 11, dtype=F64)
+    torch.testing.assert_close(
+        attention_ref(q, k, v, attn_mask=bias), _sdpa64(q, k, v, attn_mask=bias), rtol=1e-10, atol=1e-10
+    )
+
+
+def test_attention_ref_nhd_layout(inputs):
+    q, k, v = inputs.make_qkv(2, 4, 2, 9, 11, 16, dtype=F64, layout="NHD")
+    out = attention_ref(q, k, v, tensor_layout="NHD", is_causal=True)
+    expect = _sdpa64(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2)
+    torch.testing.assert_close(out, expect, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_ref_lse(inputs, causal):
+    q, k, v = inputs.make_qkv(1, 2, 1, 13, 17, 16, dtype=F64)
+    _, lse = attention_ref(q, k, v, is_causal=causal, sm_scale=0.3, return_lse=True)
+    s = q @ k.repeat_interleave(2, dim=1).transpose(-1, -2) * 0.3
+    if causal:
+        s = s.masked_fill(~torch.ones(13, 17, dtype=torch.bool).tril(), -math.inf)
+    torch.testing.assert_close(lse, torch.logsumexp(s, dim=-1), rtol=1e-12, atol=1e-12)
+
+
+def test_attention_ref_fully_masked_row_is_zero_with_lse_minus_inf(inputs):
+    q, k, v = inputs.make_qkv(1, 2, 2, 5, 6, 8, dtype=F64)
+    mask = torch.ones(5, 6, dtype=torch.bool)
+    mask[2] = False
+    out, lse = attention_ref(q, k, v, attn_mask=mask, return_lse=True)
+    assert torch.all(out[:, :, 2] == 0)
+    assert torch.all(lse[:, :, 2] == -math.inf)
+    assert torch.isfinite(out).all()
+    # SDPA (torch >= 2.5) agrees on the zero rows
+    torch.testing.assert_close(out, _sdpa64(q, k, v, attn_mask=mask), rtol=1e-10, atol=1e-10)
+
+
+# (pv, kind) -> (min cosine, max relative L1). randn: the bounds the GPU kernels are held to against
+# attention_ref; outlier: looser, the hard input set is reported more than judged.
+SAGE_REF_BOUNDS = {
+    (PVDtype.FP16, "randn"): (0.9999, 0.015),
+    (PVDtype.FP8, "randn"): (0.9992, 0.04),
+    (PVDtype.FP16, "outlier"): (0.999, 0.03),
+    (PVDtype.FP8, "outlier"): (0.998, 0.06),
+}
+
+
+@pytest.mark.parametrize("pv", [PVDtype.FP16, PVDtype.FP8], ids=lambda p: p.value)
+@pytest.mark.parametrize("kind", ["randn", "outlier"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sage_ref_close_to_exact(inputs, metrics, pv, kind, causal):
+    """The simulated quantization stays within the accuracy the kernels are held to."""
+    cos_min, l1_max = SAGE_REF_BOUNDS[pv, kind]
+    q, k, v = inputs.make_qkv(1, 2, 2, 256, 256, 64, kind=kind, dtype=torch.float16)
+    out = sage_ref(q, k, v, is_causal=causal, pv=pv)
+    ref = attention_ref(q, k, v, is_causal=causal)
+    stats = metrics.summary(out, ref)
+    assert stats["cos"] >= cos_min and stats["rel_l1"] <= l1_max, metrics.fmt(stats)
+
+
+def test_sage_ref_lse_close_to_exact(inputs):
+    q, k, v = inputs.make_qkv(1, 2, 1, 100, 130, 64, kind="outlier", dtype=torch.bfloat16)
+    _, lse = sage_ref(q, k, v, is_causal=True, return_lse=True)
+    _, ref = attention_ref(q, k, v, is_causal=True, return_lse=True)
+    torch.testing.assert_close(lse.double(), ref, rtol=0, atol=0.05)
+
+
+def test_smoothing_k_does_not_change_the_rows(inputs, metrics):
+    """Adding one vector to every key shifts each score row by a constant: softmax is unchanged (exactly,
+    in attention_ref), the smoothed quantization sees the same K (sage_ref), and the LSE moves by
+    sm_scale * q . bias (sage_ref corrects for the mean it removed)."""
+    q, k, v = inputs.make_qkv(1, 2, 2, 64, 96, 32, dtype=torch.float32)
+    bias = 5.0 * torch.randn(1, 2, 1, 32, generator=torch.Generator().manual_seed(3))
+    k_shifted = k + bias  # float32 on purpose: sage_ref below sees the same input
+    exact_shifted = attention_ref(q, k.double() + bias.double(), v)
+    torch.testing.assert_close(exact_shifted, attention_ref(q, k, v), rtol=1e-9, atol=1e-9)
+
+    out, lse = sage_ref(q, k, v, return_lse=True)
+    out_shifted, lse_shifted = sage_ref(q, k_shifted, v, return_lse=True)
+    assert metrics.cosine(out_shifted, out) >= 0.99999
+    shift = (q @ bias.transpose(-1, -2)).squeeze(-1) / math.sqrt(32)
+    torch.testing.assert_close(lse_shifted - lse, shift, rtol=0, atol=1e-3)
+
+
+def test_smoothing_k_helps_with_a_channel_offset(inputs, metrics):
+    q, k, v = inputs.make_qkv(1, 2, 2, 128, 128, 64, kind="outlier", dtype=torch.float16)
+    ref = attention_ref(q, k, v)
+    smooth = metrics.cosine(sage_ref(q, k, v, smooth_k=True), ref)
+    plain = metrics.cosine(sage_ref(q, k, v, smooth_k=False), ref)
+    assert smooth > plain, (smooth, plain)
+
+
+def test_sage_ref_gqa_and_layout(inputs, metrics):
+    q, k, v = inputs.make_qkv(2, 8, 2, 40, 50, 32, layout="NHD", dtype=torch.bfloat16)
+    out = sage_ref(q, k, v, tensor_layout="NHD", is_causal=True)
+    ref = attention_ref(q, k, v, tensor_layout="NHD", is_causal=True)
+    assert out.shape == q.shape
+    assert metrics.cosine(out, ref) >= 0.9999

@@ -1,0 +1,158 @@
+"""``sagebuild index`` and ``which``: pip, pointed at our index, installs the wheel that fits the torch
+already installed (tiny dummy wheels, a throw-away venv, no network)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from wheel.wheelfile import WheelFile
+
+from sagebuild import cli
+from sagebuild.envs import file_uri, venv_python
+from sagebuild.index import EnvInfo, build_index, which
+from sagebuild.matrix import load
+
+PY = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+PY_DOT = f"{sys.version_info[0]}.{sys.version_info[1]}"
+linux_x86 = pytest.mark.skipif(
+    not (sys.platform.startswith("linux") and platform.machine() == "x86_64"), reason="linux_x86_64 wheels"
+)
+
+
+def dummy_wheel(
+    folder: Path, filename: str, version: str, requires=(), build=None, tag="py3-none-any"
+) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    project = filename.split("-")[0]
+    with WheelFile(str(folder / filename), "w") as wheel:
+        wheel.writestr(f"{project}/__init__.py", f"BUILT = {filename!r}\n")
+        meta = ["Metadata-Version: 2.1", f"Name: {project}", f"Version: {version}"]
+        meta += [f"Requires-Dist: {r}" for r in requires]
+        wheel.writestr(f"{wheel.dist_info_path}/METADATA", "\n".join(meta) + "\n\n")
+        info = [
+            "Wheel-Version: 1.0",
+            "Generator: test",
+            f"Root-Is-Purelib: {str(tag == 'py3-none-any').lower()}",
+        ]
+        info += [f"Tag: {tag}"] + ([f"Build: {build}"] if build else [])
+        wheel.writestr(f"{wheel.dist_info_path}/WHEEL", "\n".join(info) + "\n")
+    return folder / filename
+
+
+@pytest.fixture(scope="module")
+def matrix():
+    return load()
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("wheelhouse")
+    plat = f"{PY}-{PY}-linux_x86_64"
+    dummy_wheel(folder, f"sageattention-2.2.0-280.129-{plat}.whl", "2.2.0", ["torch==2.8.0"], "280.129", plat)
+    dummy_wheel(
+        folder, f"sageattention-2.2.0-2141.130-{plat}.whl", "2.2.0", ["torch==2.14.1"], "2141.130", plat
+    )
+    dummy_wheel(folder, "sageattention-2.2.0-py3-none-any.whl", "2.2.0", ["torch>=2.4"])
+    for version in ("2.9.0", "2.14.1"):
+        cuda = "cu128" if version == "2.9.0" else "cu130"
+        local = f"1.0.0+{cuda}torch{version}"
+        dummy_wheel(folder, f"sageattn3-{local}-{plat}.whl", local, [f"torch=={version}"], None, plat)
+    return folder
+
+
+def pip_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
+    return env
+
+
+def venv_with_torch(tmp_path: Path, torch_version: str) -> Path:
+    """A venv (no pip of its own: the test's pip drives it) holding a dummy torch."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    python = Path(venv_python(tmp_path / "venv"))
+    torch = dummy_wheel(tmp_path / "torch", f"torch-{torch_version}-py3-none-any.whl", torch_version)
+    pip(python, "install", "--no-index", str(torch))
+    return python
+
+
+def pip(python: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pip", "--python", str(python), *args]
+    return subprocess.run(cmd, env=pip_env(), check=True, capture_output=True, text=True)
+
+
+def installed_build(python: Path, project: str) -> str:
+    code = (
+        "import importlib.metadata as m, sys\n"
+        f"d = m.distribution({project!r})\n"
+        "print(d.version, (d.read_text('WHEEL') or '').split('Build: ')[-1].split()[0] if 'Build:' in "
+        "(d.read_text('WHEEL') or '') else '-')\n"
+    )
+    return subprocess.run(
+        [str(python), "-c", code], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def test_index_pages(wheels, matrix, tmp_path):
+    out = tmp_path / "idx"
+    manifest = build_index(wheels, out, matrix)
+    page_dir = out / "simple" / "sageattention"
+    page = (page_dir / "index.html").read_text()
+    wheel = wheels / f"sageattention-2.2.0-280.129-{PY}-{PY}-linux_x86_64.whl"
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    href = Path(os.path.relpath(wheel, page_dir)).as_posix()
+    assert f'href="{href}#sha256={digest}"' in page
+    assert '<meta name="pypi:repository-version" content="1.0">' in page
+    assert 'href="sageattn3/"' in (out / "simple" / "index.html").read_text()
+    assert sorted(manifest["variants"]) == ["torch2.14.1-cu130", "torch2.8.0-cu129", "torch2.9.0-cu128"]
+    assert manifest["variants"]["torch2.8.0-cu129"] == sorted(
+        [wheel.name, "sageattention-2.2.0-py3-none-any.whl"]
+    )
+    assert len(manifest["variants"]["torch2.14.1-cu130"]) == 3  # sageattention, sageattn3, the pure wheel
+
+
+@linux_x86
+def test_pip_picks_the_wheel_for_the_installed_torch(wheels, matrix, tmp_path):
+    build_index(wheels, wheels, matrix)
+    python = venv_with_torch(tmp_path, "2.8.0")
+    env = EnvInfo(PY_DOT, "linux", "2.8.0", "12.9")
+    code, lines = which(matrix, env, "sageattention", wheels)
+    assert code == 0, lines
+    command = lines[-1].split()
+    assert command[:3] == ["pip", "install", "--index-url"]
+    assert command[3] == file_uri((wheels / "torch2.8.0-cu129" / "simple").resolve())
+    pip(python, "install", "--index-url", command[3], "sageattention")
+    assert installed_build(python, "sageattention") == "2.2.0 280.129"
+
+
+@linux_x86
+def test_resolver_picks_sageattn3_by_local_version(wheels, matrix, tmp_path):
+    build_index(wheels, wheels, matrix)
+    python = venv_with_torch(tmp_path, "2.9.0")
+    pip(python, "install", "--index-url", file_uri((wheels / "simple").resolve()), "sageattn3")
+    assert installed_build(python, "sageattn3") == "1.0.0+cu128torch2.9.0 -"
+
+
+def test_which_without_a_fitting_build(matrix, tmp_path):
+    code, lines = which(matrix, EnvInfo("3.12", "linux", "2.8.0", "13.0"))
+    assert code == 1 and "has no CUDA 13.0 build" in lines[-2]
+    code, lines = which(matrix, EnvInfo("3.12", "linux", "2.13.0", None))
+    assert code == 0 and lines[-1] == "  pip install sageattention-2.2.0-py3-none-any.whl"
+    code, lines = which(matrix, EnvInfo("3.12", "linux", None, None))
+    assert code == 1 and "install PyTorch first" in lines[-1]
+    code, lines = which(matrix, EnvInfo("3.12", "windows", "2.8.0", "12.9"))
+    assert "  python -m sagebuild build --target windows-sageattention-pytorch28-cu129-python312" in lines
+
+
+def test_index_cli(wheels, tmp_path, capsys):
+    assert cli.main(["index", str(wheels), "--out", str(tmp_path / "out"), "--copy"]) == 0
+    assert (tmp_path / "out" / "files" / "sageattention-2.2.0-py3-none-any.whl").is_file()
+    page = (tmp_path / "out" / "torch2.8.0-cu129" / "simple" / "sageattention" / "index.html").read_text()
+    assert 'href="../../../files/sageattention-2.2.0-280.129-' in page
+    assert "install with: pip install --index-url file://" in capsys.readouterr().out
+    assert cli.main(["index", str(tmp_path / "empty")]) == 1
