@@ -118,6 +118,10 @@ def main(argv=None) -> int:
                 line = {"b": args.batch, "h": args.heads, "n": n, "d": d, "causal": causal}
                 for impl, fn in runners.items():
                     try:
+                        # Compile and warm every kernel first: do_bench sizes its repetitions from the
+                        # first call, and a first call that compiles would leave a single timed run.
+                        fn(q, k, v, causal)
+                        torch.cuda.synchronize()
                         ms = triton.testing.do_bench(
                             functools.partial(fn, q, k, v, causal),
                             warmup=25,

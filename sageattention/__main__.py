@@ -26,14 +26,28 @@ def _triton_info() -> dict:
     return {"version": getattr(triton, "__version__", "unknown"), "reason": None}
 
 
+def _build_info() -> dict:
+    """What the build compiled, for which archs (written into the wheel by setup.py); {} from source."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_build_info.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
 def _extensions_info() -> dict:
+    built_archs = _build_info().get("extensions", {})
+    modules = [(arch, name) for arch, name in ops.COMPILED_EXTENSIONS.items()]
+    modules.append(("quantization", ops.FUSED_EXTENSION))
     info = {}
-    for arch, name in ops.COMPILED_EXTENSIONS.items():
-        module, reason = ops.extension_status(arch)
+    for family, name in modules:
+        module, reason = ops._import_extension(name)
         info[name] = {
-            "arch_family": arch,
+            "arch_family": family,
             "present": module is not None,
             "path": getattr(module, "__file__", None),
+            "archs": built_archs.get(f"sageattention.{name}", []),
             "reason": reason,
         }
     return info
@@ -99,7 +113,8 @@ def _text(info: dict) -> str:
         f"triton kernels    {'importable' if kern['importable'] else 'unavailable: ' + kern['reason']}"
     )
     for name, ext in info["compiled_extensions"].items():
-        state = f"present ({ext['path']})" if ext["present"] else f"missing: {ext['reason']}"
+        archs = f", SASS for {';'.join(ext['archs'])}" if ext["archs"] else ""
+        state = f"present{archs} ({ext['path']})" if ext["present"] else f"missing: {ext['reason']}"
         lines.append(f"{name:<17} {ext['arch_family']} kernels, {state}")
     if not info["devices"]:
         lines.append("GPUs              none visible to torch")

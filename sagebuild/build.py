@@ -305,7 +305,10 @@ def compile_wheel(
     cuda_home: Path | None,
     work: Path,
     progress: envs.Progress,
+    pinned_build_deps: bool = True,
 ) -> Path:
+    """Build the wheel with the standard frontend. ``pinned_build_deps=False`` (a build in the
+    caller's own environment) accepts whatever setuptools/wheel that environment has, with a note."""
     extra = {"SAGEATTENTION_BUILD_CUDA": "1" if target else "0"}
     if target:
         jobs, threads = envs.default_parallelism(len(target.archs))
@@ -338,6 +341,9 @@ def compile_wheel(
     )
     if has_build:
         cmd = [str(python), "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(staged)]
+        if not pinned_build_deps:
+            progress.detail("current environment: the pinned [build-system] versions are not enforced")
+            cmd.insert(5, "--skip-dependency-check")
     else:
         cmd = [
             str(python),
@@ -473,7 +479,10 @@ def build(matrix: Matrix, options: BuildOptions) -> Path:
     with progress.step("sources"):
         staged = stage_sources(matrix, package, work, progress)
     with progress.step("compile"):
-        wheel = compile_wheel(package, target, env_python, staged, cuda_home, work, progress)
+        wheel = compile_wheel(
+            package, target, env_python, staged, cuda_home, work, progress,
+            pinned_build_deps=not options.use_current_env,
+        )  # fmt: skip
         expected = (
             target.wheel_name
             if target

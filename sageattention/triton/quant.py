@@ -191,10 +191,12 @@ def _quant_v_fp8_kernel(
     inv = tl.where(amax > 0, _ieee_div(FP8_E4M3_MAX, amax), 0.0)
     xq = (x.to(tl.float32) * inv[None, :]).to(tl.float8e4nv)
     bt = b * stride_tb
+    # Store the transposed tile ([D, tokens], tokens contiguous) so that consecutive lanes write
+    # consecutive bytes; storing [tokens, D] through transposed pointers scatters single bytes.
     tl.store(
-        VT + bt + h * stride_th + cols[None, :] * stride_td + (start + rows)[:, None],
-        xq,
-        mask=rows_ok[:, None],
+        VT + bt + h * stride_th + cols[:, None] * stride_td + (start + rows)[None, :],
+        tl.trans(xq),
+        mask=rows_ok[None, :],
     )
 
 
