@@ -20,6 +20,12 @@
 #ifdef SAGEATTN_FAMILY_FUSED
 #include "fused/quant.h"
 #endif
+#ifdef SAGEATTN_FAMILY_SM80
+#include <string>
+#include <vector>
+
+#include "sm80/attn.h"
+#endif
 
 #define SAGE_CONCAT_(a, b) a##b
 #define SAGE_CONCAT(a, b) SAGE_CONCAT_(a, b)
@@ -123,6 +129,114 @@ at::Tensor quant_v_fp8(const at::Tensor& v, const at::Tensor& v_amax, int64_t d_
 }
 #endif
 
+#ifdef SAGEATTN_FAMILY_SM80
+// INT8 Q·Kᵀ, FP16 P·V attention (csrc/sm80). Inputs are what the fused quantization ops produce:
+// q_int8 [B, Hq, Nq, d_pad] with q_scale [B, Hq, Nq] (quant_q_per_token), k_int8 [B, Hkv, Nk, d_pad]
+// with k_scale [B, Hkv, ceil(Nk / 64)] (quant_k_per_block with block = 64), v FP16 [B, Hkv, Nk, D]
+// (any strides, unit last stride). Returns out [B, Hq, Nq, D] of out_dtype, whose memory is
+// [B, Nq, Hq, D] when out_nhd (so an NHD caller gets NHD memory without a copy), and the
+// natural-log LSE [B, Hq, Nq] float32 (plus corr when given) or an empty tensor without return_lse.
+void check_int8_qk(const at::Tensor& x, const char* name, int64_t align_elems) {
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kChar && x.dim() == 4, name,
+              " must be a 4-d int8 CUDA tensor [B, H, N, d_pad]");
+  TORCH_CHECK(x.stride(3) == 1, name, " must have a contiguous last dimension");
+  TORCH_CHECK(x.size(3) == 64 || x.size(3) == 128, name, ": d_pad must be 64 or 128, got ", x.size(3));
+  // Q is read as 4-byte words, K with 16-byte cp.async: rows and the base must be aligned to that.
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(x.data_ptr()) % align_elems == 0 && x.stride(0) % align_elems == 0 &&
+                  x.stride(1) % align_elems == 0 && x.stride(2) % align_elems == 0,
+              name, " must be aligned to ", align_elems, " bytes (base and strides)");
+}
+
+void check_scale(const at::Tensor& x, const char* name, at::IntArrayRef sizes, const at::Tensor& like) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.device() == like.device() && x.sizes() == sizes, name,
+              " must be a float32 tensor of shape ", sizes, " on ", like.device(), ", got ", x.scalar_type(), " ",
+              x.sizes(), " on ", x.device());
+}
+
+std::tuple<at::Tensor, at::Tensor> qk_int8_sv_f16_attn(const at::Tensor& q_int8, const at::Tensor& k_int8,
+                                                       const at::Tensor& v, const at::Tensor& q_scale,
+                                                       const at::Tensor& k_scale,
+                                                       const std::optional<at::Tensor>& corr, bool is_causal,
+                                                       bool return_lse, at::ScalarType out_dtype, bool out_nhd,
+                                                       c10::string_view pv_accum) {
+  check_int8_qk(q_int8, "q_int8", 4);
+  check_int8_qk(k_int8, "k_int8", 16);
+  TORCH_CHECK(v.is_cuda() && v.scalar_type() == at::kHalf && v.dim() == 4 && v.stride(3) == 1,
+              "v must be a 4-d float16 CUDA tensor [B, Hkv, Nk, D] with a contiguous last dimension");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(v.data_ptr()) % 16 == 0 && v.stride(0) % 8 == 0 && v.stride(1) % 8 == 0 &&
+                  v.stride(2) % 8 == 0,
+              "v must be aligned to 16 bytes (base and strides)");
+  TORCH_CHECK(q_int8.device() == k_int8.device() && q_int8.device() == v.device(),
+              "q_int8, k_int8 and v must be on one device");
+  const int64_t b = q_int8.size(0), hq = q_int8.size(1), nq = q_int8.size(2), d_pad = q_int8.size(3);
+  const int64_t hkv = k_int8.size(1), nk = k_int8.size(2), head_dim = v.size(3);
+  TORCH_CHECK(k_int8.size(0) == b && k_int8.size(3) == d_pad, "k_int8 must be [", b, ", Hkv, Nk, ", d_pad,
+              "], got ", k_int8.sizes());
+  TORCH_CHECK(v.size(0) == b && v.size(1) == hkv && v.size(2) == nk, "v must be [", b, ", ", hkv, ", ", nk,
+              ", D], got ", v.sizes());
+  TORCH_CHECK(hkv >= 1 && hq % hkv == 0, "the query heads (", hq, ") must be a multiple of the KV heads (", hkv, ")");
+  TORCH_CHECK(head_dim % 8 == 0 && head_dim >= 8 && head_dim <= d_pad, "head dim ", head_dim,
+              " must be a multiple of 8 and at most d_pad ", d_pad);
+  TORCH_CHECK(nq < (int64_t{1} << 31) && nk < (int64_t{1} << 31), "sequence lengths must be below 2^31");
+  const int64_t key_blocks = (nk + sage::kSm80KeyBlock - 1) / sage::kSm80KeyBlock;
+  check_scale(q_scale, "q_scale", {b, hq, nq}, q_int8);
+  check_scale(k_scale, "k_scale (one scale per 64 keys)", {b, hkv, key_blocks}, q_int8);
+  if (corr.has_value()) check_scale(*corr, "corr", {b, hq, nq}, q_int8);
+  TORCH_CHECK(out_dtype == at::kHalf || out_dtype == at::kBFloat16, "out_dtype must be float16 or bfloat16, got ",
+              out_dtype);
+  sage::PvAccum accum;
+  if (pv_accum == "fp32") {
+    accum = sage::PvAccum::kFp32;
+  } else if (pv_accum == "fp16+fp32") {
+    accum = sage::PvAccum::kFp16ThenFp32;
+  } else {
+    TORCH_CHECK(false, "pv_accum must be 'fp32' or 'fp16+fp32', got '", std::string(pv_accum), "'");
+  }
+
+  const c10::cuda::CUDAGuard guard(q_int8.device());
+  const auto out_options = v.options().dtype(out_dtype);
+  at::Tensor out = out_nhd ? at::empty({b, nq, hq, head_dim}, out_options).transpose(1, 2)
+                           : at::empty({b, hq, nq, head_dim}, out_options);
+  const std::vector<int64_t> lse_shape = return_lse ? std::vector<int64_t>{b, hq, nq} : std::vector<int64_t>{0};
+  at::Tensor lse = at::empty(lse_shape, v.options().dtype(at::kFloat));
+
+  sage::AttnSm80Args args{};
+  args.q = q_int8.data_ptr<int8_t>();
+  args.q_strides = strides(q_int8);
+  args.k = k_int8.data_ptr<int8_t>();
+  args.k_strides = strides(k_int8);
+  args.v = v.data_ptr();
+  args.v_strides = strides(v);
+  args.q_scale = q_scale.data_ptr<float>();
+  args.q_scale_strides = {q_scale.stride(0), q_scale.stride(1), q_scale.stride(2)};
+  args.k_scale = k_scale.data_ptr<float>();
+  args.k_scale_strides = {k_scale.stride(0), k_scale.stride(1), k_scale.stride(2)};
+  if (corr.has_value() && return_lse) {
+    args.corr = corr->data_ptr<float>();
+    args.corr_strides = {corr->stride(0), corr->stride(1), corr->stride(2)};
+  }
+  args.out = out.data_ptr();
+  args.out_strides = strides(out);
+  args.out_type = half_type(out);
+  if (return_lse) {
+    args.lse = lse.data_ptr<float>();
+    args.lse_strides = {lse.stride(0), lse.stride(1), lse.stride(2)};
+  }
+  args.batch = static_cast<int>(b);
+  args.heads_q = static_cast<int>(hq);
+  args.kv_group = static_cast<int>(hq / hkv);
+  args.nq = static_cast<int>(nq);
+  args.nk = static_cast<int>(nk);
+  args.head_dim = static_cast<int>(head_dim);
+  args.d_pad = static_cast<int>(d_pad);
+  args.causal = is_causal;
+  args.accum = accum;
+  check_cuda(sage::launch_qk_int8_sv_f16_attn_sm80(args, c10::cuda::getCurrentCUDAStream().stream()),
+             "qk_int8_sv_f16_attn");
+  return {out, lse};
+}
+#endif
+
 }  // namespace
 
 #ifdef SAGEATTN_FAMILY_FUSED
@@ -139,4 +253,14 @@ TORCH_LIBRARY_IMPL(sageattention, CUDA, m) {
   m.impl("quant_k_per_block", &quant_k_per_block);
   m.impl("quant_v_fp8", &quant_v_fp8);
 }
+#endif
+
+#ifdef SAGEATTN_FAMILY_SM80
+TORCH_LIBRARY_FRAGMENT(sageattention, m) {
+  m.def(
+      "qk_int8_sv_f16_attn(Tensor q_int8, Tensor k_int8, Tensor v, Tensor q_scale, Tensor k_scale, Tensor? corr, "
+      "bool is_causal, bool return_lse, ScalarType out_dtype, bool out_nhd, str pv_accum) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(sageattention, CUDA, m) { m.impl("qk_int8_sv_f16_attn", &qk_int8_sv_f16_attn); }
 #endif
