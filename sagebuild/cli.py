@@ -1,4 +1,4 @@
-"""Command line: ``python -m sagebuild {plan,build,verify,index,which,docs,validate}``."""
+"""Command line: ``python -m sagebuild {plan,build,verify,index,which,docs,validate,bake,cibw,...}``."""
 
 from __future__ import annotations
 
@@ -365,6 +365,12 @@ def make_parser() -> argparse.ArgumentParser:
 
     validate = sub.add_parser("validate", help="check build-matrix.yaml")
     validate.set_defaults(func=cmd_validate)
+
+    # CI and packaging frontends (docs/ci.md): bake, cibw, release-check, ci-profiles, ci-env
+    from . import bake, ci, cibw, release  # noqa: PLC0415
+
+    for module in (bake, cibw, release, ci):
+        module.register(sub)
     return parser
 
 

@@ -39,7 +39,7 @@ def test_plan_github_matrix_shape(capsys):
     ):
         assert key in first
     assert first["id"] == "linux-sageattention-pytorch26-cu126-python312"
-    assert first["runner"] == "ubuntu-latest" and first["archs"] == "8.0;8.6;8.9;9.0a"
+    assert first["runner"] == "ubuntu-24.04" and first["archs"] == "8.0;8.6;8.9;9.0a"
     assert first["wheel"] == "sageattention-2.2.0-260.126-cp312-cp312-linux_x86_64.whl"
     assert "\n" not in out.strip()  # one line, for $GITHUB_OUTPUT
 

