@@ -39,6 +39,18 @@ ROOT_ITEMS = (
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", "*.pyd", "*.egg-info", "build", ".sagebuild")
 
 
+def _package_ignore(source: Path):
+    """IGNORED, plus the package's own top-level tests/ (not needed to build the wheel)."""
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        skipped = set(IGNORED(directory, names))
+        if Path(directory).resolve() == source and "tests" in names:
+            skipped.add("tests")
+        return skipped
+
+    return ignore
+
+
 def cache_dir() -> Path:
     """Where environments, toolkits and work folders live: $SAGEBUILD_CACHE_DIR or .sagebuild/."""
     value = os.environ.get("SAGEBUILD_CACHE_DIR", "").strip()
@@ -288,7 +300,7 @@ def stage_sources(matrix: Matrix, package: Package, work: Path, progress: envs.P
             elif item.is_file():
                 shutil.copy2(item, staged / name)
     else:
-        shutil.copytree(source, staged, ignore=IGNORED)
+        shutil.copytree(source, staged, ignore=_package_ignore(source))
     readme = _readme_of(staged / "pyproject.toml") if (staged / "pyproject.toml").is_file() else None
     if readme and not (staged / readme).exists():
         progress.detail(f"note: {readme} is missing from the checkout; the wheel gets a one-line description")
