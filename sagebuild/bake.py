@@ -14,12 +14,12 @@ import argparse
 import configparser
 import importlib.resources
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import tags
 from .ci import toolkit_release
+from .docs import write_generated
 from .errors import SagebuildError
 from .matrix import Matrix, Target
 
@@ -276,16 +276,8 @@ def cmd_bake(args: argparse.Namespace) -> int:
     matrix = Matrix.load(args.matrix)
     text = render(matrix)
     path = Path(args.output) if args.output else matrix.root / OUTPUT
-    if args.check:
-        current = path.read_text(encoding="utf-8") if path.exists() else ""
-        if current != text:
-            print(f"{path} is out of date: run `python -m sagebuild bake` and commit it", file=sys.stderr)
-            return 1
-        print(f"{path} is up to date")
-        return 0
-    path.write_text(text, encoding="utf-8", newline="\n")
-    print(f"wrote {path} ({len(bake_targets(matrix))} build targets)")
-    return 0
+    summary = f" ({len(bake_targets(matrix))} build targets)"
+    return write_generated(path, text, args.check, "python -m sagebuild bake", summary)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -219,16 +219,7 @@ def cmd_docs(args: argparse.Namespace) -> int:
     matrix = _load(args)
     text = docs.render(matrix)
     path = Path(args.output) if args.output else matrix.root / docs.OUTPUT
-    if args.check:
-        current = path.read_text(encoding="utf-8") if path.exists() else ""
-        if current != text:
-            print(f"{path} is out of date: run `python -m sagebuild docs` and commit it", file=sys.stderr)
-            return 1
-        print(f"{path} is up to date")
-        return 0
-    path.write_text(text, encoding="utf-8", newline="\n")
-    print(f"wrote {path}")
-    return 0
+    return docs.write_generated(path, text, args.check, "python -m sagebuild docs")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

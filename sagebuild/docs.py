@@ -2,8 +2,26 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from . import tags
 from .matrix import Matrix
+
+
+def write_generated(path: Path, text: str, check: bool, command: str, summary: str = "") -> int:
+    """Write a file generated from the matrix, or with ``check`` only compare it; the exit status."""
+    if check:
+        current = path.read_text(encoding="utf-8") if path.exists() else ""
+        if current != text:
+            print(f"{path} is out of date: run `{command}` and commit it", file=sys.stderr)
+            return 1
+        print(f"{path} is up to date")
+        return 0
+    path.write_text(text, encoding="utf-8", newline="\n")
+    print(f"wrote {path}{summary}")
+    return 0
+
 
 OUTPUT = "BUILD_MATRIX.md"
 
