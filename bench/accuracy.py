@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=pathlib.Path, default=None)
     ap.add_argument("--n", type=int, default=4096)
     args = ap.parse_args(argv)
-    from sageattention.triton import kernel_block_sizes
+    from sageattention.triton import reference_options
 
     results = []
     for kind in ("randn", "outlier"):
@@ -71,8 +71,7 @@ def main(argv=None) -> int:
             ref = attention_ref(q, k, v, is_causal=causal)
             for name, (pv, fn) in implementations().items():
                 out = fn(q, k, v, causal)
-                bm, bn = kernel_block_sizes(pv, q.shape[-1])
-                sim = sage_ref(q, k, v, is_causal=causal, pv=pv, block_m=bm, block_n=bn)
+                sim = sage_ref(q, k, v, is_causal=causal, **reference_options(pv, q.shape[-1]))
                 row = {
                     "impl": name,
                     "inputs": kind,

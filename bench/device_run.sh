@@ -1,32 +1,61 @@
 #!/usr/bin/env bash
-# One device-machine session: build the wheel there with sagebuild (torch of the image, sm_90a), install
-# it outside the checkout, run the GPU tests against the installed wheel, then the benchmark and the
-# accuracy report from the checkout. Everything lands in $OUT.
+# One GPU-machine session, by steps (default: all of them, in this order):
+#   build     sagebuild builds the wheel (torch of the machine, sm_90a) into $OUT/wheelhouse
+#   test      install it outside the checkout and run the GPU tests against the installed wheel
+#   accuracy  bench/accuracy.py (DESIGN.md accuracy protocol)
+#   bench     bench/bench_attention.py (DESIGN.md performance protocol) and the diffusion shape
+#   sweep     bench/sweep_triton.py with $SWEEP_ARGS
+# Usage: OUT=/some/dir bash bench/device_run.sh [step ...]; PYTEST_ARGS narrows the test step.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 repo=$(pwd)
+OUT=${OUT:?set OUT to a folder for logs and results}
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(build test accuracy bench)
 torch_v=$(python -c "import torch; print(torch.__version__.split('+')[0])")
 py_v=$(python -c "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')")
 step() { echo "== $* ($(date +%T))"; }
+site=/tmp/site
 
-step "sagebuild build torch $torch_v py $py_v sm_90a"
-timeout 300 python -m sagebuild build --torch "$torch_v" --cuda 13.0 --python "$py_v" --archs 9.0a \
-  --use-current-env --no-repair --no-smoke --out "$OUT/wheelhouse" 2>&1 | tail -25
-step "install the wheel into a fresh folder and run the GPU tests against it"
-rm -rf /tmp/site && python -m pip install -q --no-deps --no-index --target /tmp/site "$OUT"/wheelhouse/*.whl
-(cd /tmp && PYTHONPATH=/tmp/site timeout 400 python -m pytest -q -p no:cacheprovider -c /dev/null \
-  --rootdir "$repo/tests" "$repo/tests/gpu/test_fused_quant.py" "$repo/tests/gpu/test_triton_api.py" \
-  -k "fused or bit_exact or protocol or picks or lse or head_dims" 2>&1 | tail -4)
-PYTHONPATH=/tmp/site python -c "import sageattention, sys; print(sageattention.__file__)"
-PYTHONPATH=/tmp/site python -m sageattention env 2>&1 | tail -20
-
-export PYTHONPATH=$repo
-step "accuracy"
-timeout 120 python bench/accuracy.py --out "$OUT/accuracy.json" 2>&1 | tail -9
-step "benchmark, DESIGN protocol"
-timeout 420 python bench/bench_attention.py --impls sdpa-flash sdpa-cudnn sageattn sage-triton-fp16 \
-  --rep 100 --out "$OUT/attention.json" 2>&1 | tail -30
-step "diffusion shape"
-timeout 60 python bench/bench_attention.py --batch 1 --heads 24 --head-dims 128 --lengths 4608 --causal no \
-  --impls sdpa-flash sdpa-cudnn sageattn sage-triton-fp16 --out "$OUT/diffusion.json" --no-plot 2>&1 | tail -3
+for s in "${steps[@]}"; do
+  case $s in
+    build)
+      step "sagebuild build torch $torch_v py $py_v sm_90a"
+      start=$(date +%s)
+      timeout 400 python -m sagebuild build --torch "$torch_v" --cuda 13.0 --python "$py_v" --archs 9.0a \
+        --use-current-env --no-repair --no-smoke --out "$OUT/wheelhouse" >"$OUT/build.log" 2>&1
+      echo "build rc=$? in $(( $(date +%s) - start )) s"; tail -5 "$OUT/build.log"
+      rm -rf "$site" && python -m pip install -q --no-deps --no-index --target "$site" "$OUT"/wheelhouse/*.whl
+      (cd /tmp && PYTHONPATH=$site python -m sageattention env 2>&1 | tail -25)
+      ;;
+    test)
+      step "GPU tests against the installed wheel"
+      # shellcheck disable=SC2086
+      (cd /tmp && PYTHONPATH=$site timeout "${TEST_TIMEOUT:-420}" python -m pytest -q -rfEs -p no:cacheprovider \
+        -c /dev/null --rootdir "$repo/tests" -m gpu ${PYTEST_ARGS:-"$repo/tests/gpu"} >"$OUT/gpu-tests.log" 2>&1)
+      echo "pytest rc=$?"; grep -E "passed|failed|error" "$OUT/gpu-tests.log" | tail -3
+      grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -30
+      ;;
+    accuracy)
+      step "accuracy"
+      PYTHONPATH=$repo timeout 150 python bench/accuracy.py --out "$OUT/accuracy.json" 2>&1 | tail -9
+      ;;
+    bench)
+      step "benchmark, DESIGN protocol"
+      PYTHONPATH=$repo timeout 420 python bench/bench_attention.py --impls sdpa-flash sdpa-cudnn sageattn \
+        sage-triton-fp16 ${BENCH_IMPLS:-} --rep 100 --out "$OUT/attention.json" 2>&1 | tail -30
+      step "diffusion shape"
+      PYTHONPATH=$repo timeout 60 python bench/bench_attention.py --batch 1 --heads 24 --head-dims 128 \
+        --lengths 4608 --causal no --impls sdpa-flash sdpa-cudnn sageattn sage-triton-fp16 ${BENCH_IMPLS:-} \
+        --out "$OUT/diffusion.json" --no-plot 2>&1 | tail -3
+      ;;
+    sweep)
+      step "sweep: ${SWEEP_ARGS:-}"
+      # shellcheck disable=SC2086
+      PYTHONPATH=$repo timeout "${SWEEP_TIMEOUT:-300}" python bench/sweep_triton.py ${SWEEP_ARGS:-} \
+        --out "$OUT/sweep.jsonl" 2>&1 | tee "$OUT/sweep.log" | tail -40
+      ;;
+    *) echo "unknown step $s"; exit 2 ;;
+  esac
+done
 step done

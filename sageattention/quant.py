@@ -15,6 +15,13 @@ LOG2E = 1.4426950408889634
 INT8_MAX = 127.0
 #: Largest finite float8 e4m3fn value.
 FP8_E4M3_MAX = 448.0
+#: Two-level INT8 K: K ~ scale * (k1 + k2 / K_RESIDUAL_MUL), both digits INT8. The residual of
+#: the first rounding is at most half a step, so 254 * residual stays within +-127, and
+#: 254 * (q . k1) + q . k2 fits int32 for head dims up to 128 (127 * 32385 * 128 < 2^31).
+K_RESIDUAL_MUL = 254.0
+#: Scale of the two-level integer k1 * 254 + k2: amax / 127 / 254 (one float32 constant for every
+#: implementation, so the kernels and the reference round it the same way).
+K_RESIDUAL_SCALE = 1.0 / (INT8_MAX * K_RESIDUAL_MUL)
 
 
 class PVDtype(enum.Enum):

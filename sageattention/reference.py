@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .quant import FP8_E4M3_MAX, INT8_MAX, LOG2E, PVDtype, default_sm_scale
+from .quant import FP8_E4M3_MAX, INT8_MAX, K_RESIDUAL_MUL, K_RESIDUAL_SCALE, LOG2E, PVDtype, default_sm_scale
 
 __all__ = [
     "attention_ref",
@@ -115,11 +115,16 @@ class QuantizedQK:
     k_mean: torch.Tensor | None  # [B, Hkv, D] float32, when smoothed
 
 
-def quantize_per_block_ref(x: torch.Tensor, block: int, extra_scale: float = 1.0):
+def quantize_per_block_ref(x: torch.Tensor, block: int, extra_scale: float = 1.0, residual: bool = False):
     """Per-block symmetric INT8 of a [B, H, N, D] float32 tensor.
 
     Returns (integer-valued float32 tensor, scale [B, H, ceil(N / block)]). The scale is
     ``amax / 127 * extra_scale``; an all-zero block gets scale 0 and zeros.
+
+    ``residual``: two INT8 digits, as the FP16-P·V kernels quantize K. ``k1 = rint(x * 127 / amax)``,
+    then the rounding residual (one fused multiply-add, ``fma(x, 127 / amax, -k1)``, as the kernels
+    compute it) times 254, rounded: ``k2``. Returns ``k1 * 254 + k2`` with the scale
+    ``amax * K_RESIDUAL_SCALE`` (``extra_scale`` must be 1).
     """
     b, h, n, d = x.shape
     nblk = -(-n // block)
@@ -128,8 +133,17 @@ def quantize_per_block_ref(x: torch.Tensor, block: int, extra_scale: float = 1.0
     amax = blocks.abs().amax(dim=-1)
     inv = torch.where(amax > 0, _ieee_div(INT8_MAX, amax), torch.zeros_like(amax))
     xq = torch.round(blocks * inv.unsqueeze(-1)).clamp_(-INT8_MAX, INT8_MAX)
+    if residual:
+        if extra_scale != 1.0:
+            raise ValueError("a two-level quantization takes no extra_scale")
+        # fma(x, inv, -k1): the exact product minus k1, rounded once (float64 holds it exactly).
+        rest = (blocks.double() * inv.unsqueeze(-1).double() - xq.double()).float()
+        k2 = torch.round(rest * torch.tensor(K_RESIDUAL_MUL, dtype=torch.float32)).clamp_(-INT8_MAX, INT8_MAX)
+        xq = xq * K_RESIDUAL_MUL + k2
+        scale = amax * torch.tensor(K_RESIDUAL_SCALE, dtype=torch.float32)
+    else:
+        scale = amax * torch.tensor(extra_scale / INT8_MAX, dtype=torch.float32)
     xq = xq.view(b, h, nblk * block, d)[:, :, :n]
-    scale = amax * torch.tensor(extra_scale / INT8_MAX, dtype=torch.float32)
     return xq, scale
 
 
@@ -142,14 +156,16 @@ def quantize_v_fp8_ref(v: torch.Tensor):
     return v8, amax / FP8_E4M3_MAX
 
 
-def quantize_qk_ref(q, k, *, sm_scale: float, block_m: int, block_n: int, smooth_k: bool) -> QuantizedQK:
-    """Quantize HND q, k as the kernels do (smooth-K, per-block INT8, scale folding)."""
+def quantize_qk_ref(
+    q, k, *, sm_scale: float, block_m: int, block_n: int, smooth_k: bool, k_residual: bool = False
+) -> QuantizedQK:
+    """Quantize HND q, k as the kernels do (smooth-K, per-block INT8, scale folding, two-level K)."""
     qf, kf = q.float(), k.float()
     k_mean = kf.mean(dim=2) if smooth_k else None
     if k_mean is not None:
         kf = kf - k_mean.unsqueeze(2)
     q8, q_scale = quantize_per_block_ref(qf, block_m, extra_scale=sm_scale * LOG2E)
-    k8, k_scale = quantize_per_block_ref(kf, block_n)
+    k8, k_scale = quantize_per_block_ref(kf, block_n, residual=k_residual)
     return QuantizedQK(q8, q_scale, k8, k_scale, k_mean)
 
 
@@ -166,9 +182,13 @@ def sage_ref(
     smooth_k: bool = True,
     block_m: int = 128,
     block_n: int = 64,
+    k_residual: bool = False,
     return_lse: bool = False,
 ):
     """Simulated-quantization attention: what the Triton kernels compute, in float32 steps.
+
+    ``k_residual``: K as two INT8 digits (``quantize_per_block_ref(residual=True)``), as the FP16-P·V
+    kernels quantize it; the score is then the exact integer ``q1 . (254 k1 + k2)`` times the scales.
 
     Output is float32 in the caller's layout; LSE (natural log, float32, [B, Hq, Nq]) when asked.
     """
@@ -177,7 +197,9 @@ def sage_ref(
     nk = k.shape[2]
     if sm_scale is None:
         sm_scale = default_sm_scale(d)
-    qk = quantize_qk_ref(q, k, sm_scale=sm_scale, block_m=block_m, block_n=block_n, smooth_k=smooth_k)
+    qk = quantize_qk_ref(
+        q, k, sm_scale=sm_scale, block_m=block_m, block_n=block_n, smooth_k=smooth_k, k_residual=k_residual
+    )
     if pv is PVDtype.FP8:
         v_q, v_scale = quantize_v_fp8_ref(v)
     else:
@@ -230,3 +252,29 @@ def sage_ref(
     if qk.k_mean is not None:
         lse = lse + sm_scale * (q.float() @ _expand_kv(qk.k_mean, hq).unsqueeze(-1)).squeeze(-1)
     return out, lse
+
+
+def permute_keys_sm90(vt: torch.Tensor) -> torch.Tensor:
+    """The key order of Vᵀ that the sm_90a kernel multiplies with (``quant_v_fp8(...,
+    permute_keys=True)``), applied to an unpermuted Vᵀ [..., n_pad] (keys last, n_pad a multiple of
+    16). Within each group of 16 keys, slot ``4q + r`` holds key ``8 * (r // 2) + 2q + r % 2``::
+
+        slot  0  1  2  3  4  5  6  7  8  9 10 11 12 13 14 15
+        key   0  1  8  9  2  3 10 11  4  5 12 13  6  7 14 15
+
+    Why: wgmma's FP32 accumulator gives a thread the scores of keys {2q, 2q+1, 8+2q, 9+2q} of each
+    16 in a row, while its 8-bit A operand (P for the FP8 P·V product) takes k = {4q, .., 4q+3} from
+    that thread. Packing the scores in their natural order and permuting V's keys the same way
+    pairs every P element with its own key, with no data exchange between threads.
+    """
+    n_pad = vt.shape[-1]
+    if n_pad % 16:
+        raise ValueError(f"the key dimension ({n_pad}) must be a multiple of 16")
+    slot = torch.arange(n_pad, device=vt.device)
+    key = slot - slot % 16 + 8 * ((slot // 2) % 2) + 2 * ((slot // 4) % 4) + slot % 2
+    if vt.element_size() == 1 and vt.is_floating_point():  # FP8: gather the raw bytes
+        return vt.view(torch.uint8)[..., key].view(vt.dtype)
+    return vt[..., key]
+
+
+__all__ += ["permute_keys_sm90"]

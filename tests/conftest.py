@@ -216,7 +216,7 @@ class TritonStandIn:
         )  # fmt: skip
         out, lse = sage_ref(
             q, k, v, is_causal=is_causal, sm_scale=sm_scale, attn_mask=attn_mask, pv=pv, smooth_k=smooth_k,
-            block_m=1, block_n=self.BLOCK_N, return_lse=True,
+            block_m=1, block_n=self.BLOCK_N, k_residual=pv is PVDtype.FP16, return_lse=True,
         )  # fmt: skip
         o = torch.empty_like(q)  # as the kernels allocate it: NHD memory for an NHD caller
         o.copy_(out)
@@ -235,7 +235,7 @@ class TritonStandIn:
                 for x in (q[bq[i] : bq[i + 1]], k[bk[i] : bk[i + 1]], v[bk[i] : bk[i + 1]])
             )
             o = sage_ref(sq, sk, sv, is_causal=is_causal, sm_scale=sm_scale, pv=pv, smooth_k=smooth_k,
-                         block_m=1, block_n=self.BLOCK_N)  # fmt: skip
+                         block_m=1, block_n=self.BLOCK_N, k_residual=pv is PVDtype.FP16)  # fmt: skip
             out[bq[i] : bq[i + 1]] = o[0].transpose(0, 1).to(q.dtype)
         return out
 

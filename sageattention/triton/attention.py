@@ -16,12 +16,14 @@ import triton
 import triton.language as tl
 
 from ..quant import FP8_E4M3_MAX as _FP8_MAX
+from ..quant import K_RESIDUAL_MUL as _K_RESIDUAL_MUL
 from ..quant import LOG2E as _LOG2E
 
 # Triton kernels read module globals only as constexpr.
 FP8_E4M3_MAX = tl.constexpr(_FP8_MAX)
 LOG2E = tl.constexpr(_LOG2E)
 LN2 = tl.constexpr(0.6931471805599453)
+K_RESIDUAL_MUL_INT = tl.constexpr(int(_K_RESIDUAL_MUL))
 
 MASK_NONE = tl.constexpr(0)
 MASK_BOOL = tl.constexpr(1)
@@ -36,6 +38,7 @@ def _attn_blocks(
     q,
     q_scale,
     k_base,
+    kr_base,
     v_base,
     ks_base,
     mask_base,
@@ -56,8 +59,11 @@ def _attn_blocks(
     EDGE: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     MASK_KIND: tl.constexpr,
+    K_RESIDUAL: tl.constexpr,
 ):
-    """Online softmax over key blocks [lo, hi). EDGE: the blocks may reach past len_k or the diagonal."""
+    """Online softmax over key blocks [lo, hi). EDGE: the blocks may reach past len_k or the diagonal.
+    K_RESIDUAL: K is two INT8 digits (k1 at k_base, k2 at kr_base); the exact integer score is
+    254 * (q . k1) + q . k2, which fits int32 (quant.K_RESIDUAL_MUL)."""
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
         col_ok = cols < len_k
@@ -66,7 +72,15 @@ def _attn_blocks(
         else:
             k = tl.load(k_base + cols[:, None] * stride_kn + cols_d[None, :])
         k_scale = tl.load(ks_base + start_n // BLOCK_N)
-        s = tl.dot(q, tl.trans(k), out_dtype=tl.int32).to(tl.float32) * (q_scale * k_scale)[:, None]
+        s_int = tl.dot(q, tl.trans(k), out_dtype=tl.int32)
+        if K_RESIDUAL:
+            kr_ptr = kr_base + cols[:, None] * stride_kn + cols_d[None, :]
+            if EDGE:
+                kr = tl.load(kr_ptr, mask=col_ok[:, None], other=0)
+            else:
+                kr = tl.load(kr_ptr)
+            s_int = tl.dot(q, tl.trans(kr), s_int * K_RESIDUAL_MUL_INT, out_dtype=tl.int32)
+        s = s_int.to(tl.float32) * (q_scale * k_scale)[:, None]
         if MASK_KIND == MASK_ADD:
             add = tl.load(
                 mask_base + rows[:, None] * stride_mm + cols[None, :] * stride_mn,
@@ -119,6 +133,7 @@ def _attn_blocks(
 def _attn_kernel(
     Q,
     K,
+    KR,
     V,
     QS,
     KS,
@@ -167,6 +182,7 @@ def _attn_kernel(
     VARLEN: tl.constexpr,
     RETURN_LSE: tl.constexpr,
     LSE_CORR: tl.constexpr,
+    K_RESIDUAL: tl.constexpr,
 ):
     pid_m, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if IS_CAUSAL:
@@ -197,6 +213,9 @@ def _attn_kernel(
     q_scale = tl.load(QS + b * stride_qsb + h * stride_qsh + q0 + rows, mask=row_ok, other=0.0)
 
     k_base = K + b * stride_kb + hk * stride_kh + k0 * stride_kn
+    kr_base = k_base
+    if K_RESIDUAL:  # the second digit is laid out like the first
+        kr_base = KR + b * stride_kb + hk * stride_kh + k0 * stride_kn
     v_base = V + b * stride_vb + hk * stride_vh + k0 * stride_vn
     ks_base = KS + b * stride_ksb + hk * stride_ksh
 
@@ -216,16 +235,16 @@ def _attn_kernel(
         mask_base = MASK + b * stride_mb + h * stride_mh
     # fmt: off
     acc, l_i, m_i = _attn_blocks(
-        acc, l_i, m_i, q, q_scale, k_base, v_base, ks_base, mask_base, rows, row_ok, cols_d,
+        acc, l_i, m_i, q, q_scale, k_base, kr_base, v_base, ks_base, mask_base, rows, row_ok, cols_d,
         0, full_hi, len_k,
         stride_kn, stride_vn, stride_vd, stride_mm, stride_mn,
-        HEAD_DIM, BLOCK_N, PV_FP8, False, False, MASK_KIND,
+        HEAD_DIM, BLOCK_N, PV_FP8, False, False, MASK_KIND, K_RESIDUAL,
     )
     acc, l_i, m_i = _attn_blocks(
-        acc, l_i, m_i, q, q_scale, k_base, v_base, ks_base, mask_base, rows, row_ok, cols_d,
+        acc, l_i, m_i, q, q_scale, k_base, kr_base, v_base, ks_base, mask_base, rows, row_ok, cols_d,
         full_hi, hi, len_k,
         stride_kn, stride_vn, stride_vd, stride_mm, stride_mn,
-        HEAD_DIM, BLOCK_N, PV_FP8, True, IS_CAUSAL, MASK_KIND,
+        HEAD_DIM, BLOCK_N, PV_FP8, True, IS_CAUSAL, MASK_KIND, K_RESIDUAL,
     )
     # fmt: on
 

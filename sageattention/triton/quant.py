@@ -18,11 +18,15 @@ from triton.language.extra import libdevice
 
 from ..quant import FP8_E4M3_MAX as _FP8_MAX
 from ..quant import INT8_MAX as _INT8_MAX
+from ..quant import K_RESIDUAL_MUL as _K_RESIDUAL_MUL
+from ..quant import K_RESIDUAL_SCALE as _K_RESIDUAL_SCALE
 from ..quant import LOG2E
 
 # Triton kernels read module globals only as constexpr.
 INT8_MAX = tl.constexpr(_INT8_MAX)
 FP8_E4M3_MAX = tl.constexpr(_FP8_MAX)
+K_RESIDUAL_MUL = tl.constexpr(_K_RESIDUAL_MUL)
+K_RESIDUAL_SCALE = tl.constexpr(_K_RESIDUAL_SCALE)
 
 
 @triton.jit
@@ -105,6 +109,7 @@ def _quant_q_kernel(
 def _quant_k_kernel(
     X,
     XQ,
+    XR,
     XS,
     KM,
     cu_seqlens,
@@ -124,8 +129,10 @@ def _quant_k_kernel(
     D_PAD: tl.constexpr,
     VARLEN: tl.constexpr,
     SMOOTH: tl.constexpr,
+    RESIDUAL: tl.constexpr,
 ):
-    """INT8 K, one scale per block of BLOCK tokens (the attention kernel's key block)."""
+    """INT8 K, one scale per block of BLOCK tokens (the attention kernel's key block). RESIDUAL: also
+    the second INT8 digit (XR, laid out like XQ) and the two-level scale (see quant.K_RESIDUAL_MUL)."""
     pid_n, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     start, length = _seq_bounds(cu_seqlens, b, n, VARLEN)
     if pid_n * BLOCK >= length:
@@ -144,14 +151,15 @@ def _quant_k_kernel(
         x = tl.where(valid, x - km[None, :], 0.0)
     amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
     inv = tl.where(amax > 0, _ieee_div(INT8_MAX, amax), 0.0)
-    xq = libdevice.rint(x * inv).to(tl.int8)
-    bq = b * stride_qb
-    tl.store(
-        XQ + bq + h * stride_qh + (start + rows)[:, None] * stride_qn + cols[None, :],
-        xq,
-        mask=rows_ok[:, None],
-    )
-    tl.store(XS + b * stride_sb + h * stride_sh + pid_n, amax * (1.0 / INT8_MAX))
+    k1 = libdevice.rint(x * inv)
+    offs = b * stride_qb + h * stride_qh + (start + rows)[:, None] * stride_qn + cols[None, :]
+    tl.store(XQ + offs, k1.to(tl.int8), mask=rows_ok[:, None])
+    if RESIDUAL:
+        rest = tl.fma(x, inv, -k1)  # one rounding, as the reference computes it
+        tl.store(XR + offs, libdevice.rint(rest * K_RESIDUAL_MUL).to(tl.int8), mask=rows_ok[:, None])
+        tl.store(XS + b * stride_sb + h * stride_sh + pid_n, amax * K_RESIDUAL_SCALE)
+    else:
+        tl.store(XS + b * stride_sb + h * stride_sh + pid_n, amax * (1.0 / INT8_MAX))
 
 
 @triton.jit

@@ -61,8 +61,7 @@ def test_dense_matches_simulation(pv, nq, nk, layout, causal):
     out, lse = launch.attention_fwd(
         q, k, v, is_causal=causal, sm_scale=default_sm_scale(d), pv=pv, smooth_k=True, return_lse=True
     )
-    bm, bn = launch.kernel_block_sizes(pv, d)
-    ref, ref_lse = sage_ref(q, k, v, is_causal=causal, pv=pv, block_m=bm, block_n=bn, return_lse=True)
+    ref, ref_lse = sage_ref(q, k, v, is_causal=causal, return_lse=True, **launch.reference_options(pv, d))
     assert out.stride() == q.stride()
     close(out, ref, pv)
     # an INT8 rounding flip (km differs in its last bit) moves a short causal row by ~2e-3
@@ -76,8 +75,7 @@ def test_head_dims(pv, d):
     out, _ = launch.attention_fwd(
         q, k, v, is_causal=False, sm_scale=default_sm_scale(d), pv=pv, smooth_k=True
     )
-    bm, bn = launch.kernel_block_sizes(pv, d)
-    close(out, sage_ref(q, k, v, pv=pv, block_m=bm, block_n=bn), pv)
+    close(out, sage_ref(q, k, v, **launch.reference_options(pv, d)), pv)
 
 
 @pytest.mark.parametrize("pv", PVS, ids=lambda p: p.value)
@@ -92,8 +90,7 @@ def test_masks(pv, kind):
     out, _ = launch.attention_fwd(
         q, k, v, is_causal=False, sm_scale=0.125, pv=pv, smooth_k=True, attn_mask=mask
     )
-    bm, bn = launch.kernel_block_sizes(pv, 64)
-    ref = sage_ref(q, k, v, sm_scale=0.125, pv=pv, block_m=bm, block_n=bn, attn_mask=mask)
+    ref = sage_ref(q, k, v, sm_scale=0.125, attn_mask=mask, **launch.reference_options(pv, 64))
     close(out, ref, pv)
     if kind == "bool":
         assert out[:, :, 5].abs().max() == 0
@@ -125,7 +122,6 @@ def test_varlen_smooths_per_sequence(pv, causal):
         pv=pv,
         smooth_k=True,
     )
-    bm, bn = launch.kernel_block_sizes(pv, d)
     for i in range(len(lens_q)):
         sq, sk = slice(int(cu[0][i]), int(cu[0][i + 1])), slice(int(cu[1][i]), int(cu[1][i + 1]))
         ref = sage_ref(
@@ -134,9 +130,7 @@ def test_varlen_smooths_per_sequence(pv, causal):
             v[sk].unsqueeze(0),
             tensor_layout="NHD",
             is_causal=causal,
-            pv=pv,
-            block_m=bm,
-            block_n=bn,
+            **launch.reference_options(pv, d),
         )
         close(out[sq].unsqueeze(0), ref, pv, cos_min=0.9999)
 

@@ -48,13 +48,12 @@ def test_varlen_matches_each_sequence(metrics, causal, d):
     out = fn(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), is_causal=causal)
     assert out.shape == q.shape and out.dtype == q.dtype
     metrics.assert_finite(out)
-    bm, bn = kernels.kernel_block_sizes(pv, d)
     bq, bk = cu_q.tolist(), cu_k.tolist()
     for i in range(len(lens_q)):
         sq, sk, sv = (
             x.unsqueeze(0) for x in (q[bq[i] : bq[i + 1]], k[bk[i] : bk[i + 1]], v[bk[i] : bk[i + 1]])
         )
-        ref = sage_ref(sq, sk, sv, tensor_layout="NHD", is_causal=causal, pv=pv, block_m=bm, block_n=bn)
+        ref = sage_ref(sq, sk, sv, tensor_layout="NHD", is_causal=causal, **kernels.reference_options(pv, d))
         got = out[bq[i] : bq[i + 1]].unsqueeze(0)
         metrics.assert_tight(got, ref, pv, f"sequence {i}")
         exact = attention_ref(sq, sk, sv, tensor_layout="NHD", is_causal=causal)
@@ -69,12 +68,11 @@ def test_varlen_on_fp16_kernels_via_pretend_arch(metrics, monkeypatch):
     lens = [5, 700, 129]
     q, k, v, cu_q, cu_k = packed(lens, lens, 4, 4, 128, seed=1)
     out = sa.sageattn_varlen(q, k, v, cu_q, cu_k, max(lens), max(lens), is_causal=True)
-    bm, bn = kernels.kernel_block_sizes(PVDtype.FP16, 128)
     b = cu_q.tolist()
     for i in range(len(lens)):
         s = slice(b[i], b[i + 1])
         sq, sk, sv = q[s][None], k[s][None], v[s][None]
         ref = sage_ref(
-            sq, sk, sv, tensor_layout="NHD", is_causal=True, pv=PVDtype.FP16, block_m=bm, block_n=bn
+            sq, sk, sv, tensor_layout="NHD", is_causal=True, **kernels.reference_options(PVDtype.FP16, 128)
         )
         metrics.assert_tight(out[s][None], ref, PVDtype.FP16, f"sequence {i}")

@@ -15,7 +15,8 @@ pytest.importorskip("triton.backends.nvidia")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from sageattention.triton import attention, quant  # noqa: E402
+from sageattention.quant import PVDtype  # noqa: E402
+from sageattention.triton import attention, launch, quant  # noqa: E402
 
 
 def compile_for(fn, arch: int, types: dict, consts: dict, **options):
@@ -30,6 +31,7 @@ def attn_types(fp8: bool, mask_kind: int) -> dict:
     ptr = {
         "Q": "i8",
         "K": "i8",
+        "KR": "i8",
         "V": "fp8e4nv" if fp8 else "fp16",
         "QS": "fp32",
         "KS": "fp32",
@@ -65,9 +67,11 @@ CASES = [
 @pytest.mark.parametrize("arch,fp8,causal,mask_kind,varlen,head_dim,expect", CASES)
 def test_attention_kernel_compiles(arch, fp8, causal, mask_kind, varlen, head_dim, expect):
     d_pad = max(32, triton.next_power_of_2(head_dim))
+    pv = PVDtype.FP8 if fp8 else PVDtype.FP16
+    config = dict(launch._launch_config((arch // 10, arch % 10), d_pad, pv, causal))  # what the launcher uses
     consts = {
         "HEAD_DIM": head_dim,
-        "BLOCK_M": 128,
+        "BLOCK_M": config.pop("block_m"),
         "BLOCK_N": 128 if fp8 else 64,
         "D_PAD": d_pad,
         "PV_FP8": fp8,
@@ -76,7 +80,12 @@ def test_attention_kernel_compiles(arch, fp8, causal, mask_kind, varlen, head_di
         "VARLEN": varlen,
         "RETURN_LSE": not varlen,
         "LSE_CORR": not varlen,
+        "K_RESIDUAL": not fp8,  # the FP16 P·V path reads K as two INT8 digits
     }
+    if not fp8:
+        expect = [*expect, "mul.lo.s32"]  # 254 * (q . k1) before the second digit's MMA adds q . k2
+    else:
+        consts["KR"] = None
     if mask_kind == 0:
         consts["MASK"] = None
     kernel = compile_for(
@@ -84,8 +93,7 @@ def test_attention_kernel_compiles(arch, fp8, causal, mask_kind, varlen, head_di
         arch,
         attn_types(fp8, mask_kind),
         consts,
-        num_warps=8 if fp8 else 4,
-        num_stages=3,
+        **config,
     )
     ptx = kernel.asm["ptx"]
     for needle in expect:
@@ -114,8 +122,8 @@ def test_quant_kernels_compile(varlen):
     compile_for(
         quant._quant_k_kernel,
         90,
-        {"X": bf16, "XQ": i8, "XS": f32, "KM": f32, "cu_seqlens": i32},
-        {"BLOCK": 64, "D_PAD": 128, "VARLEN": varlen, "SMOOTH": True},
+        {"X": bf16, "XQ": i8, "XR": i8, "XS": f32, "KM": f32, "cu_seqlens": i32},
+        {"BLOCK": 64, "D_PAD": 128, "VARLEN": varlen, "SMOOTH": True, "RESIDUAL": not varlen},
     )
     compile_for(
         quant._quant_v_fp8_kernel,
