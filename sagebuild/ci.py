@@ -4,18 +4,23 @@ the CUDA toolkit for one build.
 ``python -m sagebuild ci-profiles`` turns a GitHub event into profiles (pull request -> ``default``,
 push to main -> ``stable``, tag ``v*`` -> ``sage2-all`` + ``sage3-all`` and a release, manual run -> the
 chosen profile). ``python -m sagebuild ci-env --target ID`` says where that build's toolkit comes from.
-Both print ``key=value`` lines, ready to append to ``$GITHUB_OUTPUT``.
+``python -m sagebuild ci-msvc`` checks, on a Windows runner, that the image's MSVC is one the installed
+CUDA toolkit accepts. All three print ``key=value`` lines, ready to append to ``$GITHUB_OUTPUT``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from . import envs, tags
-from .errors import MatrixError, UsageError
+from .errors import MatrixError, SagebuildError, UsageError
 from .matrix import Matrix, Target
 
 # The trigger -> profile policy of the CI/CD documentation (seed 003), plus the sageattn3 set (seed 000).
@@ -136,6 +141,85 @@ def profiles_by_package(matrix: Matrix, profiles: Sequence[str]) -> dict[str, st
     return chosen
 
 
+# ----------------------------------------------------------------------------------------------------
+# MSVC on Windows runners
+#
+# nvcc refuses a host compiler whose _MSC_VER lies outside the range in its include/crt/host_config.h
+# (CUDA 13.0's accepts 1920-1949: Visual Studio 2019 and 2022), and a runner image update can move the
+# default MSVC toolset past it (Visual Studio 2026 is 1950). torch's extension builder loads the
+# environment (vcvars) of the newest Visual Studio that vswhere reports, whose default toolset is named
+# in VC/Auxiliary/Build/Microsoft.VCToolsVersion.default.txt. Reading both files before the build turns
+# a failure deep inside the compile into one line with the numbers.
+
+VC_TOOLS_COMPONENT = "Microsoft.VisualStudio.Component.VC.Tools.x86.x64"
+_MSC_GUARD = re.compile(r"_MSC_VER\s*<\s*(\d+)\s*\|\|\s*_MSC_VER\s*>=\s*(\d+)")
+_MSVC_REFUSAL = "unsupported Microsoft Visual Studio version"
+
+
+def msc_ver(toolset: str) -> int:
+    """_MSC_VER of an MSVC toolset: 14.XY compiles as 19XY (14.16 -> 1916, 14.44 -> 1944, 14.50 -> 1950)."""
+    parts = toolset.strip().split(".")
+    if len(parts) < 2 or parts[0] != "14" or not parts[1].isdigit() or len(parts[1]) > 2:
+        raise SagebuildError(f"MSVC toolset {toolset!r}: expected a version 14.XY[.Z]")
+    return 1900 + int(parts[1])
+
+
+def cuda_msc_range(host_config: str) -> tuple[int, int]:
+    """[low, high) of the _MSC_VER values nvcc accepts, from the text of its crt/host_config.h: the
+    last ``_MSC_VER < low || _MSC_VER >= high`` guard before the refusal message."""
+    refusal = host_config.find(_MSVC_REFUSAL)
+    guards = [m for m in _MSC_GUARD.finditer(host_config) if refusal < 0 or m.start() < refusal]
+    if not guards:
+        raise SagebuildError(
+            "crt/host_config.h has no `_MSC_VER < N || _MSC_VER >= M` guard: cannot tell which MSVC "
+            "this nvcc accepts"
+        )
+    return int(guards[-1].group(1)), int(guards[-1].group(2))
+
+
+def find_visual_studio() -> Path:
+    """The installation that setuptools (and so torch's extension builder) uses: vswhere's newest one
+    with the x64 C++ tools."""
+    program_files = os.environ.get("ProgramFiles(x86)") or r"C:\Program Files (x86)"
+    vswhere = Path(program_files) / "Microsoft Visual Studio" / "Installer" / "vswhere.exe"
+    if not vswhere.is_file():
+        raise SagebuildError(f"{vswhere} not found: is Visual Studio with the C++ tools installed?")
+    args = [str(vswhere), "-latest", "-prerelease", "-products", "*", "-requires", VC_TOOLS_COMPONENT]
+    proc = subprocess.run(
+        [*args, "-property", "installationPath"], capture_output=True, text=True, timeout=120, check=False
+    )
+    found = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not found:
+        detail = proc.stderr.strip() or f"exit code {proc.returncode}"
+        raise SagebuildError(f"vswhere found no Visual Studio with {VC_TOOLS_COMPONENT} ({detail})")
+    return Path(found[0].strip())
+
+
+def check_msvc(cuda_home: Path, vs_root: Path) -> dict[str, str]:
+    """Outputs for a Visual Studio whose default MSVC the toolkit at cuda_home accepts; else an error
+    that says what to change."""
+    header = cuda_home / "include" / "crt" / "host_config.h"
+    default = vs_root / "VC" / "Auxiliary" / "Build" / "Microsoft.VCToolsVersion.default.txt"
+    for path in (header, default):
+        if not path.is_file():
+            raise SagebuildError(f"{path} not found")
+    low, high = cuda_msc_range(header.read_text(encoding="utf-8", errors="replace"))
+    toolset = default.read_text(encoding="utf-8").strip()
+    version = msc_ver(toolset)
+    if not low <= version < high:
+        raise SagebuildError(
+            f"MSVC {toolset} (_MSC_VER {version}, {vs_root}) is outside what the nvcc of {cuda_home} "
+            f"accepts (_MSC_VER {low}-{high - 1}): pin platforms.windows.runner in build-matrix.yaml to "
+            "an image whose Visual Studio this CUDA accepts, or leave this CUDA out of the Windows builds"
+        )
+    return {
+        "msvc-toolset": toolset,
+        "msc-ver": str(version),
+        "cuda-msc-range": f"{low}-{high - 1}",
+        "visual-studio": str(vs_root),
+    }
+
+
 def _print_outputs(values: dict[str, str]) -> None:
     for key, value in values.items():
         if "\n" in value:
@@ -169,6 +253,15 @@ def cmd_ci_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ci_msvc(args: argparse.Namespace) -> int:
+    cuda_home = args.cuda_home or os.environ.get("CUDA_PATH") or os.environ.get("CUDA_HOME")
+    if not cuda_home:
+        raise UsageError("give --cuda-home (or set CUDA_PATH): the CUDA toolkit the build will use")
+    vs_root = Path(args.visual_studio) if args.visual_studio else find_visual_studio()
+    _print_outputs(check_msvc(Path(cuda_home), vs_root))
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     profiles = sub.add_parser(
         "ci-profiles",
@@ -187,3 +280,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     env.add_argument("--target", required=True, help="a build id from `plan`")
     env.set_defaults(func=cmd_ci_env)
+
+    msvc = sub.add_parser(
+        "ci-msvc",
+        help="CI (Windows): check that the default MSVC is one this CUDA toolkit's nvcc accepts",
+        description="Reads the _MSC_VER range from CUDA_HOME/include/crt/host_config.h and the default "
+        "MSVC toolset of the Visual Studio that vswhere reports (the one torch's builder loads).",
+    )
+    msvc.add_argument("--cuda-home", help="the CUDA toolkit (default: $CUDA_PATH, then $CUDA_HOME)")
+    msvc.add_argument("--visual-studio", help="a Visual Studio installation folder (default: vswhere's)")
+    msvc.set_defaults(func=cmd_ci_msvc)

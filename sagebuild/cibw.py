@@ -111,10 +111,15 @@ def config_for(matrix: Matrix, targets: Sequence[Target], index_url: str | None 
     }
     prefix = ""
     if first.local_version:
-        # setuptools reads the local version from this file (sagebuild build does the same).
+        # setuptools reads the local version from this file (sagebuild build does the same). The build
+        # backend runs in the package folder, where a relative DIST_EXTRA_CONFIG is looked up, while
+        # before-build runs in the project folder: the file goes to cibuildwheel's {package}, whose
+        # path reaches Python as an argument (a Windows path inside a string literal would be read
+        # for escapes).
         environment["DIST_EXTRA_CONFIG"] = VERSION_CONFIG
         text = f"[egg_info]\\ntag_build = +{first.local_version}\\n"
-        prefix = f"python -c \"open('{VERSION_CONFIG}', 'w').write('{text}')\" && "
+        write = f"import sys; open(sys.argv[1], 'w').write('{text}')"
+        prefix = f'python -c "{write}" "{{package}}/{VERSION_CONFIG}" && '
     before_build = {  # identifier -> command; pins can differ per Python (markers)
         identifier(t): prefix
         + torch_cmd

@@ -73,7 +73,10 @@ def check_release(
     tag: str | None = None,
     tag_package: str = "sageattention",
     existing: Iterable[str] = (),
+    also_published: Sequence[str] = (),
 ) -> ReleaseReport:
+    """``also_published``: names of the other files the release will get (SHA256SUMS), held to the
+    same never-replace rule as the wheels."""
     report = ReleaseReport()
     if not root.is_dir():
         raise UsageError(f"{root} is not a folder")
@@ -141,7 +144,8 @@ def check_release(
     if not missing and len(built) == len(targets):
         report.notes.append(f"all {len(targets)} planned wheels present, each once, named as planned")
 
-    clash = sorted({p.name for p in report.wheels} & {e.strip() for e in existing if e.strip()})
+    publishing = {p.name for p in report.wheels} | set(also_published)
+    clash = sorted(publishing & {e.strip() for e in existing if e.strip()})
     for name in clash:
         report.problems.append(f"{name} is already a release asset: assets are never replaced")
     if existing and not clash:
@@ -173,7 +177,8 @@ def cmd_release_check(args: argparse.Namespace) -> int:
         existing = Path(args.existing_assets).read_text(encoding="utf-8").splitlines()
     root = Path(args.dir)
     profiles = [name for value in args.profile for name in value.split()]  # "a b" from a CI output
-    report = check_release(matrix, root, profiles, args.tag, args.tag_package, existing)
+    sums = [Path(args.sha256sums).name] if args.sha256sums else []
+    report = check_release(matrix, root, profiles, args.tag, args.tag_package, existing, sums)
     print(report.render(), flush=True)
     if not report.passed:
         return 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -129,6 +130,47 @@ def test_per_python_pins_become_overrides(matrix, tmp_path):
     assert old.build_frontend.args == ["--no-isolation"]
     with pytest.raises(UsageError):
         cibw.as_env(config)  # overrides have no environment-variable form
+
+
+def test_sageattn3_local_version_reaches_the_wheel(matrix, tmp_path):
+    """The before-build step writes the local-version file where the build backend looks for it: run
+    it the way cibuildwheel does (placeholders filled by cibuildwheel's own helper, in the project
+    folder), then the `build` frontend on the package folder with the generated environment, on a
+    stand-in setuptools project."""
+    cibuildwheel_exe()
+    from cibuildwheel.util.helpers import prepare_command
+
+    target = matrix.find_target("linux-sageattn3-pytorch29-cu128-python312")
+    options = cibw.config_for(matrix, [target])["options"]
+    write = options["before-build"].split(" && ")[0]
+    assert write.startswith("python -c ") and "{package}" in write
+
+    project = tmp_path / "project"
+    package = project / "pkg"
+    package.mkdir(parents=True)
+    (package / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        '[project]\nname = "demo3"\nversion = "1.0.0"\n\n[tool.setuptools]\npy-modules = ["demo3"]\n',
+        encoding="utf-8",
+    )
+    (package / "demo3.py").write_text("", encoding="utf-8")
+    prepared = prepare_command(write, project=project, package=package)
+    command = shlex.quote(sys.executable) + prepared[len("python") :]
+    subprocess.run(["sh", "-c", command], cwd=project, check=True, timeout=60)
+    assert (package / cibw.VERSION_CONFIG).is_file() and not (project / cibw.VERSION_CONFIG).exists()
+
+    env = {**os.environ, "DIST_EXTRA_CONFIG": options["environment"]["DIST_EXTRA_CONFIG"]}
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "build", str(package), "--wheel", "--no-isolation", f"--outdir={out}"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [w.name for w in out.glob("*.whl")] == [f"demo3-1.0.0+{target.local_version}-py3-none-any.whl"]
 
 
 def test_one_run_builds_one_combination(matrix):

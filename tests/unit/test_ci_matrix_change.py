@@ -64,7 +64,12 @@ def add_torch_release(repo: Path) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
 
 
+GENERATED = ("build-matrix.yaml", "BUILD_MATRIX.md", "docker-bake.hcl")
+
+
 def test_new_pytorch_release_flows_into_ci_bake_and_docs(repo, capsys):
+    checked_in = {name: (REPO_ROOT / name).read_bytes() for name in GENERATED}
+    assert repo != REPO_ROOT and all((repo / name).read_bytes() == checked_in[name] for name in GENERATED)
     before = planned_ids(capsys, repo, "sage2-current")
     workflows = {p.name: p.read_text(encoding="utf-8") for p in (repo / ".github" / "workflows").iterdir()}
 
@@ -82,6 +87,11 @@ def test_new_pytorch_release_flows_into_ci_bake_and_docs(repo, capsys):
     assert run(capsys, repo, "docs")[0] == 0
     assert run(capsys, repo, "bake", "--check")[0] == 0
     assert run(capsys, repo, "docs", "--check")[0] == 0
+
+    # all three outputs changed on the copy, and the repository's own files did not
+    for name in GENERATED:
+        assert (repo / name).read_bytes() != checked_in[name], f"{name} did not change"
+        assert (REPO_ROOT / name).read_bytes() == checked_in[name], f"the test wrote the real {name}"
 
     bake_file = (repo / "docker-bake.hcl").read_text(encoding="utf-8")
     for build_id in sorted(i for i in NEW_IDS if i.startswith("linux-")):

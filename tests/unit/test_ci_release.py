@@ -128,6 +128,22 @@ def test_existing_assets_are_never_replaced(matrix, artifacts, tmp_path, capsys)
     assert "✗" in capsys.readouterr().out
 
 
+def test_an_existing_sha256sums_is_never_replaced(matrix, artifacts, tmp_path, capsys):
+    """A release that already has a SHA256SUMS (e.g. a re-run after a partial upload) stops at the
+    check, before anything is uploaded, not half-way through the upload."""
+    listing = tmp_path / "existing.txt"
+    listing.write_text("SHA256SUMS\n", encoding="utf-8")
+    out = tmp_path / "release"
+    code = cli.main(
+        ["release-check", str(artifacts), "--profile", "sage2-all sage3-all", "--tag", tag(matrix)]
+        + ["--existing-assets", str(listing), "--collect", str(out), "--sha256sums", str(out / "SHA256SUMS")]
+    )
+    assert code == 1 and not out.exists()
+    assert "SHA256SUMS is already a release asset" in capsys.readouterr().out
+    # without --sha256sums nothing publishes a file of that name, so it does not collide
+    assert release.check_release(matrix, artifacts, PROFILES, existing=["SHA256SUMS"]).passed
+
+
 def test_collect_refuses_a_non_empty_folder(matrix, artifacts, tmp_path):
     out = tmp_path / "release"
     out.mkdir()

@@ -9,6 +9,7 @@ SAGE_ALLOW_MISSING_LINTERS=1 turns that into a skip (for a machine that cannot i
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import shutil
@@ -20,7 +21,7 @@ import pytest
 import yaml
 
 from sagebuild import ci
-from sagebuild.errors import MatrixError, UsageError
+from sagebuild.errors import MatrixError, SagebuildError, UsageError
 from sagebuild.matrix import REPO_ROOT, Matrix, load
 
 WORKFLOWS = REPO_ROOT / ".github" / "workflows"
@@ -199,6 +200,23 @@ def test_every_build_step_goes_through_sagebuild(workflows):
         assert upload[0]["with"]["if-no-files-found"] == "error"
 
 
+def test_windows_checks_msvc_against_the_installed_cuda(workflows):
+    """On the pinned Windows image the MSVC/CUDA pairing is checked (sagebuild ci-msvc) after the CUDA
+    installer and before the build; the runner itself comes from the matrix, pinned (no -latest)."""
+    steps = workflows["build-wheels-windows.yml"]["jobs"]["build"]["steps"]
+    cuda = next(i for i, s in enumerate(steps) if "cuda-toolkit" in s.get("uses", ""))
+    msvc = next(i for i, s in enumerate(steps) if "sagebuild ci-msvc" in s.get("run", ""))
+    build = next(i for i, s in enumerate(steps) if "sagebuild build" in s.get("run", ""))
+    assert cuda < msvc < build
+    assert steps[msvc]["env"]["CUDA_HOME_DIR"] == "${{ steps.cuda.outputs.CUDA_PATH }}"
+    matrix = load()
+    for target in matrix.all_targets():
+        if target.platform == "windows":  # the installer registers nvcc with Visual Studio
+            assert "visual_studio_integration" in ci.toolkit_plan(matrix, target).sub_packages
+    runner = matrix.platforms["windows"].runner
+    assert re.fullmatch(r"windows-\d{4}", runner), f"Windows runner {runner!r} is not a pinned image"
+
+
 def test_no_version_lists_in_workflows():
     """Versions live in build-matrix.yaml only: no PyTorch release, CUDA version or CUDA tag of the
     matrix appears in a workflow, and no matrix is written out by hand."""
@@ -296,6 +314,143 @@ def test_release_job_checks_before_publishing(workflows):
     assert "--verify-tag" in runs[publish]
 
 
+# ----------------------------------------------------------------------------------------------------
+# the workflows' own scripts, run as a Linux runner runs them (bash -eo pipefail, values through env:)
+
+
+def run_step(tmp_path: Path, workflow: str, job: str, name: str, env: dict[str, str], path_dirs=()) -> str:
+    """Runs the `run:` script of the step whose name starts with `name`, in tmp_path, with `python`
+    being this interpreter and sagebuild importable; returns stdout. GITHUB_OUTPUT is tmp_path/out."""
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash here")
+    data = load_workflow(WORKFLOWS / workflow)
+    step = next(s for s in data["jobs"][job]["steps"] if s.get("name", "").startswith(name))
+    shim = tmp_path / "shim"
+    shim.mkdir(exist_ok=True)
+    if not (shim / "python").exists():  # a wrapper, not a link: a venv is found next to its python
+        (shim / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n', encoding="utf-8")
+        (shim / "python").chmod(0o755)
+    full = {
+        **os.environ,
+        "PATH": os.pathsep.join([*map(str, path_dirs), str(shim), os.environ.get("PATH", "")]),
+        "PYTHONPATH": str(REPO_ROOT),
+        "GITHUB_OUTPUT": str(tmp_path / "out"),
+        **env,
+    }
+    proc = subprocess.run(
+        [bash, "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]],
+        cwd=tmp_path,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, f"{workflow}/{job}/{name}:\n{proc.stdout}{proc.stderr}"
+    return proc.stdout
+
+
+def outputs(tmp_path: Path) -> dict[str, str]:
+    lines = (tmp_path / "out").read_text(encoding="utf-8").splitlines()
+    (tmp_path / "out").unlink()
+    return dict(line.split("=", 1) for line in lines)
+
+
+@pytest.mark.parametrize(
+    "event,ref,requested,profiles,release",
+    [
+        ("pull_request", "refs/pull/7/merge", "", "default", "false"),
+        ("push", "refs/heads/main", "", "stable", "false"),
+        ("push", "refs/tags/v2.2.0", "", "sage2-all sage3-all", "true"),
+        ("workflow_dispatch", "refs/heads/main", "pytorch26", "pytorch26", "false"),
+    ],
+)
+def test_profiles_step_output(tmp_path, event, ref, requested, profiles, release):
+    env = {"EVENT_NAME": event, "EVENT_REF": ref, "REQUESTED_PROFILE": requested}
+    run_step(tmp_path, "ci.yml", "profiles", "Choose profiles", env)
+    out = outputs(tmp_path)
+    assert out["profiles"] == profiles and out["release"] == release
+
+
+@pytest.mark.parametrize("workflow", BUILD_WORKFLOWS)
+@pytest.mark.parametrize("profile,package", [("stable", "sageattention"), ("sage3-all", "sageattn3")])
+def test_plan_step_output_is_the_sagebuild_plan(tmp_path, workflow, profile, package):
+    """The job matrix the build workflows get is `sagebuild plan`'s list, one entry per build id."""
+    platform = "linux" if "linux" in workflow else "windows"
+    run_step(tmp_path, workflow, "plan", "Build matrix", {"PROFILE": profile, "PACKAGE": package})
+    out = outputs(tmp_path)
+    include = json.loads(out["matrix"])["include"]
+    planned = [t for t in load().profile_targets(profile, platform=platform) if t.package == package]
+    assert [e["id"] for e in include] == [t.id for t in planned] and out["count"] == str(len(planned))
+    runner = load().platforms[platform].runner
+    assert planned and all(e["runner"] == runner and e["python"] for e in include)
+
+
+FAKE_GH = """#!/bin/sh
+echo "gh $*" >> "$GH_LOG"
+if [ "$1 $2" = "release view" ]; then
+  [ -n "$GH_EXISTING" ] || { echo "release not found" >&2; exit 1; }
+  printf '%s\\n' $GH_EXISTING
+fi
+"""
+
+
+def run_release_job(tmp_path: Path, existing: str) -> tuple[bool, list[str]]:
+    """The release job's steps after the download, on a complete set of fake artifacts: (whether the
+    check passed, the gh commands run)."""
+    from sagebuild import release
+
+    matrix = load()
+    for target in release.planned_targets(matrix, ["sage2-all", "sage3-all"]):
+        folder = tmp_path / "artifacts" / f"wheels-{target.id}"
+        folder.mkdir(parents=True)
+        (folder / target.wheel_name).write_bytes(target.id.encode())
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "gh").write_text(FAKE_GH, encoding="utf-8")
+    (fake / "gh").chmod(0o755)
+    log = tmp_path / "gh.log"
+    env = {"GH_LOG": str(log), "GH_EXISTING": existing, "GH_TOKEN": "x", "GH_REPO": "o/r"}
+    tag = "v" + matrix.package_version("sageattention")
+    run_step(tmp_path, "ci.yml", "release", "Assets already", {**env, "TAG": tag}, [fake])
+    exists = outputs(tmp_path)["exists"]
+    try:
+        run_step(
+            tmp_path,
+            "ci.yml",
+            "release",
+            "Check the artifacts",
+            {"PROFILES": "sage2-all sage3-all", "TAG": tag},
+        )
+    except AssertionError:
+        return False, log.read_text(encoding="utf-8").splitlines()
+    publish = {**env, "TAG": tag, "RELEASE_EXISTS": exists}
+    run_step(tmp_path, "ci.yml", "release", "Publish", publish, [fake])
+    return True, log.read_text(encoding="utf-8").splitlines()
+
+
+def test_release_job_creates_a_new_release(tmp_path):
+    passed, gh = run_release_job(tmp_path, "")
+    assert passed and gh[1].startswith("gh release create v") and "--verify-tag" in gh[1]
+    assets = sorted(p.name for p in (tmp_path / "release").iterdir())
+    assert len(assets) == 29 and "SHA256SUMS" in assets and all(f"release/{a}" in gh[1] for a in assets)
+    sums = (tmp_path / "release" / "SHA256SUMS").read_text(encoding="utf-8").splitlines()
+    assert sorted(line.split("  ")[1] for line in sums) == [a for a in assets if a != "SHA256SUMS"]
+
+
+def test_release_job_appends_to_an_existing_release_without_clobbering(tmp_path):
+    passed, gh = run_release_job(tmp_path, "notes.pdf")
+    assert passed and gh[1].startswith("gh release upload v") and "--clobber" not in gh[1]
+
+
+@pytest.mark.parametrize("asset", ["SHA256SUMS", "a wheel"])
+def test_release_job_stops_before_uploading_over_an_asset(tmp_path, asset):
+    if asset == "a wheel":
+        asset = load().find_target("windows-sageattention-pytorch28-cu129-python312").wheel_name
+    passed, gh = run_release_job(tmp_path, asset)
+    assert not passed and not any(line.startswith(("gh release create", "gh release upload")) for line in gh)
+
+
 def test_sagebuild_requirements_agree_with_requirements_dev():
     def pins(path: Path) -> dict[str, str]:
         out = {}
@@ -378,6 +533,75 @@ def test_toolkit_release_from_the_matrix():
     data["cuda"]["13.2"] = copy.deepcopy(data["cuda"]["13.1"])
     with pytest.raises(MatrixError, match="toolkit_release"):
         ci.toolkit_release(Matrix(data, root=REPO_ROOT), "13.2")
+
+
+def _host_config(guard: str) -> str:
+    # the shape of crt/host_config.h: the guard, the refusal, and a comment that repeats another range
+    return (
+        "#if defined(_WIN32)\n"
+        f"#if {guard}\n"
+        "#error -- unsupported Microsoft Visual Studio version! (text)\n"
+        "#endif /* (_MSC_VER < 1800 || _MSC_VER >= 2000) */\n"
+        "#if _MSC_VER >= 1900\n#endif\n"
+    )
+
+
+def test_msc_ver_of_toolsets():
+    toolsets = ("14.16.27023", "14.29.30133", "14.44.35207", "14.50")
+    assert [ci.msc_ver(v) for v in toolsets] == [1916, 1929, 1944, 1950]
+    for bad in ("17.14", "14", "14.x", "14.100.1"):
+        with pytest.raises(SagebuildError):
+            ci.msc_ver(bad)
+
+
+def test_cuda_msc_range_is_read_from_the_header():
+    assert ci.cuda_msc_range(_host_config("_MSC_VER < 1920 || _MSC_VER >= 1950")) == (1920, 1950)
+    with pytest.raises(SagebuildError, match="guard"):
+        ci.cuda_msc_range("#error -- unsupported Microsoft Visual Studio version!\n")
+
+
+def test_cuda_msc_range_of_a_real_toolkit_header():
+    """The headers of the toolkits on this machine (a CUDA install, Triton's bundled copy), if any."""
+    import importlib.util
+
+    headers = sorted(Path("/usr/local").glob("cuda*/include/crt/host_config.h"))
+    triton = importlib.util.find_spec("triton")
+    if triton and triton.origin:
+        headers += sorted(Path(triton.origin).parent.glob("backends/nvidia/include/crt/host_config.h"))
+    if not headers:
+        pytest.skip("no CUDA toolkit header on this machine")
+    for header in headers:
+        low, high = ci.cuda_msc_range(header.read_text(encoding="utf-8", errors="replace"))
+        assert 1900 <= low < high <= 2100, header
+
+
+def _msvc_tree(tmp_path: Path, toolset: str, guard: str) -> tuple[Path, Path]:
+    cuda = tmp_path / "cuda"
+    (cuda / "include" / "crt").mkdir(parents=True)
+    (cuda / "include" / "crt" / "host_config.h").write_text(_host_config(guard), encoding="utf-8")
+    vs = tmp_path / "vs"
+    (vs / "VC" / "Auxiliary" / "Build").mkdir(parents=True)
+    (vs / "VC" / "Auxiliary" / "Build" / "Microsoft.VCToolsVersion.default.txt").write_text(
+        toolset + "\n", encoding="utf-8"
+    )
+    return cuda, vs
+
+
+def test_check_msvc(tmp_path, capsys):
+    from sagebuild import cli
+
+    cuda, vs = _msvc_tree(tmp_path, "14.44.35207", "_MSC_VER < 1910 || _MSC_VER >= 1950")
+    assert ci.check_msvc(cuda, vs)["cuda-msc-range"] == "1910-1949"
+    assert cli.main(["ci-msvc", "--cuda-home", str(cuda), "--visual-studio", str(vs)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "msvc-toolset=14.44.35207" in lines and "msc-ver=1944" in lines
+
+    newer, _ = _msvc_tree(tmp_path / "old", "14.44.35207", "_MSC_VER < 1910 || _MSC_VER >= 1940")
+    with pytest.raises(SagebuildError, match=r"_MSC_VER 1944.*1910-1939.*platforms\.windows\.runner"):
+        ci.check_msvc(newer, vs)
+    assert cli.main(["ci-msvc", "--cuda-home", str(newer), "--visual-studio", str(vs)]) != 0
+    with pytest.raises(SagebuildError, match="not found"):
+        ci.check_msvc(tmp_path / "nowhere", vs)
 
 
 def test_ci_cli_outputs_are_key_value_lines(capsys):
