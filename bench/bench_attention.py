@@ -60,6 +60,18 @@ def _sage_kernel_only(pv_name: str):
     return run
 
 
+def _cuda_sm90():
+    """The sm_90a CUDA kernel through its launcher (fused quantization included)."""
+    from sageattention.cuda_sm90 import attention_sm90
+
+    def run(q, k, v, causal):
+        return attention_sm90(
+            q, k, v, is_causal=causal, sm_scale=q.shape[-1] ** -0.5, smooth_k=True, return_lse=False
+        )
+
+    return run
+
+
 IMPLS = {
     "sdpa-flash": lambda: _sdpa(SDPBackend.FLASH_ATTENTION),
     "sdpa-cudnn": lambda: _sdpa(SDPBackend.CUDNN_ATTENTION),
@@ -68,6 +80,7 @@ IMPLS = {
     "sage-triton-fp16": lambda: _sage("sageattn_qk_int8_pv_fp16_triton"),
     "launch-triton-fp8": lambda: _sage_kernel_only("fp8"),
     "launch-triton-fp16": lambda: _sage_kernel_only("fp16"),
+    "cuda-sm90": _cuda_sm90,
 }
 
 

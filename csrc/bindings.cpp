@@ -26,6 +26,13 @@
 
 #include "sm80/attn.h"
 #endif
+#ifdef SAGEATTN_FAMILY_SM90
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "sm90/attn.h"
+#endif
 
 #define SAGE_CONCAT_(a, b) a##b
 #define SAGE_CONCAT(a, b) SAGE_CONCAT_(a, b)
@@ -112,17 +119,21 @@ std::tuple<at::Tensor, at::Tensor> quant_k_per_block(const at::Tensor& k, const 
   return {k_int8, k_scale};
 }
 
-at::Tensor quant_v_fp8(const at::Tensor& v, const at::Tensor& v_amax, int64_t d_pad, int64_t n_pad) {
+// permute_keys: the key order the sm_90a kernel multiplies with (csrc/fused/quant.h); needs n_pad
+// to be a multiple of 16.
+at::Tensor quant_v_fp8(const at::Tensor& v, const at::Tensor& v_amax, int64_t d_pad, int64_t n_pad,
+                       bool permute_keys) {
   check_input(v, "v");
   check_d_pad(d_pad, v.size(3));
   check_float(v_amax, "v_amax", v, v.size(1));
   TORCH_CHECK(n_pad >= v.size(2), "n_pad must be at least the sequence length");
+  TORCH_CHECK(!permute_keys || n_pad % 16 == 0, "permute_keys needs n_pad to be a multiple of 16, got ", n_pad);
   const c10::cuda::CUDAGuard guard(v.device());
   const int64_t b = v.size(0), h = v.size(1), n = v.size(2);
   auto vt = at::empty({b, h, d_pad, n_pad}, v.options().dtype(at::kFloat8_e4m3fn));
   check_cuda(sage::launch_quant_v_fp8_transposed(v.data_ptr(), half_type(v), strides(v), b, h, n, v.size(3), d_pad,
                                                  n_pad, v_amax.data_ptr<float>(),
-                                                 static_cast<uint8_t*>(vt.data_ptr()),
+                                                 static_cast<uint8_t*>(vt.data_ptr()), permute_keys,
                                                  c10::cuda::getCurrentCUDAStream().stream()),
              "quant_v_fp8");
   return vt;
@@ -237,6 +248,126 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_sv_f16_attn(const at::Tensor& q_int8,
 }
 #endif
 
+#ifdef SAGEATTN_FAMILY_SM90
+// INT8 Q·Kᵀ, FP8 P·V attention for sm_90a (csrc/sm90). Inputs are what the fused quantization ops
+// produce: q_int8 [B, Hq, Nq, d_pad] with q_scale [B, Hq, Nq] (quant_q_per_token), k_int8
+// [B, Hkv, Nk, d_pad] with k_scale [B, Hkv, ceil(Nk / 128)] (quant_k_per_block with block = 128),
+// vt_fp8 [B, Hkv, d_pad, n_pad] float8_e4m3fn (quant_v_fp8 with permute_keys=True; n_pad >= Nk, a
+// multiple of 16) and v_scale [B, Hkv, D] float32 = v_amax / 448, whose last dim D (a multiple of 8,
+// at most d_pad) is the head dim of the output. Returns out [B, Hq, Nq, D] of out_dtype, whose
+// memory is [B, Nq, Hq, D] when out_nhd (so an NHD caller gets NHD memory without a copy), and the
+// natural-log LSE [B, Hq, Nq] float32 (plus corr when given) or an empty tensor without return_lse.
+
+// The 8-bit operands are read by TMA: a 16-byte aligned base and strides (bytes = elements here)
+// that are multiples of 16.
+void check_tma_operand(const at::Tensor& x, const char* name, at::ScalarType dtype, const char* what) {
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == dtype && x.dim() == 4, name, " must be a 4-d ", what,
+              " CUDA tensor, got ", x.scalar_type(), " ", x.sizes(), " on ", x.device());
+  TORCH_CHECK(x.stride(3) == 1, name, " must have a contiguous last dimension, got strides ", x.strides());
+  bool strides_ok = reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
+  for (int i = 0; i < 3; ++i) strides_ok = strides_ok && x.stride(i) > 0 && x.stride(i) % 16 == 0;
+  TORCH_CHECK(strides_ok, name,
+              " must have a 16-byte aligned base and positive strides that are multiples of 16 (TMA), got strides ",
+              x.strides());
+}
+
+void check_f32(const at::Tensor& x, const char* name, at::IntArrayRef sizes, const at::Tensor& like) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.device() == like.device() && x.sizes() == sizes, name,
+              " must be a float32 tensor of shape ", sizes, " on ", like.device(), ", got ", x.scalar_type(), " ",
+              x.sizes(), " on ", x.device());
+}
+
+std::tuple<at::Tensor, at::Tensor> qk_int8_sv_f8_attn_sm90(const at::Tensor& q_int8, const at::Tensor& k_int8,
+                                                           const at::Tensor& vt_fp8, const at::Tensor& q_scale,
+                                                           const at::Tensor& k_scale, const at::Tensor& v_scale,
+                                                           const std::optional<at::Tensor>& corr, bool is_causal,
+                                                           bool return_lse, at::ScalarType out_dtype, bool out_nhd) {
+  check_tma_operand(q_int8, "q_int8", at::kChar, "int8 [B, Hq, Nq, d_pad]");
+  check_tma_operand(k_int8, "k_int8", at::kChar, "int8 [B, Hkv, Nk, d_pad]");
+  check_tma_operand(vt_fp8, "vt_fp8", at::kFloat8_e4m3fn, "float8_e4m3fn [B, Hkv, d_pad, n_pad]");
+  TORCH_CHECK(q_int8.device() == k_int8.device() && q_int8.device() == vt_fp8.device(),
+              "q_int8, k_int8 and vt_fp8 must be on one device");
+  const int64_t b = q_int8.size(0), hq = q_int8.size(1), nq = q_int8.size(2), d_pad = q_int8.size(3);
+  const int64_t hkv = k_int8.size(1), nk = k_int8.size(2), n_pad = vt_fp8.size(3);
+  TORCH_CHECK(d_pad == 64 || d_pad == 128, "q_int8: d_pad (its last dim) must be 64 or 128, got ", d_pad);
+  TORCH_CHECK(k_int8.size(0) == b && k_int8.size(3) == d_pad, "k_int8 must be [", b, ", Hkv, Nk, ", d_pad,
+              "], got ", k_int8.sizes());
+  TORCH_CHECK(vt_fp8.size(0) == b && vt_fp8.size(1) == hkv && vt_fp8.size(2) == d_pad, "vt_fp8 must be [", b,
+              ", ", hkv, ", ", d_pad, ", n_pad], got ", vt_fp8.sizes());
+  TORCH_CHECK(n_pad >= nk && n_pad % sage::kSm90KeyPermuteGroup == 0,
+              "vt_fp8: n_pad (its last dim) must be at least Nk = ", nk, " and a multiple of ",
+              sage::kSm90KeyPermuteGroup, ", got ", n_pad);
+  TORCH_CHECK(hkv >= 1 && hq % hkv == 0, "the query heads (", hq, ") must be a multiple of the KV heads (", hkv, ")");
+  TORCH_CHECK(nk >= 1, "k_int8 must hold at least one key (Nk = 0)");
+  TORCH_CHECK(nq < (int64_t{1} << 31) && n_pad < (int64_t{1} << 31), "sequence lengths must be below 2^31");
+  const int64_t key_blocks = (nk + sage::kSm90KeyBlock - 1) / sage::kSm90KeyBlock;
+  check_f32(q_scale, "q_scale", {b, hq, nq}, q_int8);
+  check_f32(k_scale, "k_scale (one scale per 128 keys)", {b, hkv, key_blocks}, q_int8);
+  TORCH_CHECK(v_scale.scalar_type() == at::kFloat && v_scale.device() == q_int8.device() && v_scale.dim() == 3 &&
+                  v_scale.size(0) == b && v_scale.size(1) == hkv && v_scale.stride(2) == 1,
+              "v_scale must be a float32 tensor [", b, ", ", hkv, ", D] on ", q_int8.device(),
+              " with a contiguous last dimension, got ", v_scale.scalar_type(), " ", v_scale.sizes(), " on ",
+              v_scale.device());
+  const int64_t head_dim = v_scale.size(2);
+  TORCH_CHECK(head_dim % 8 == 0 && head_dim >= 8 && head_dim <= d_pad, "v_scale: the head dim D = ", head_dim,
+              " (its last dim) must be a multiple of 8 and at most d_pad ", d_pad);
+  if (corr.has_value()) check_f32(*corr, "corr", {b, hq, nq}, q_int8);
+  TORCH_CHECK(out_dtype == at::kHalf || out_dtype == at::kBFloat16, "out_dtype must be float16 or bfloat16, got ",
+              out_dtype);
+
+  const c10::cuda::CUDAGuard guard(q_int8.device());
+  int major = 0, minor = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q_int8.get_device()),
+             "cudaDeviceGetAttribute");
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, q_int8.get_device()),
+             "cudaDeviceGetAttribute");
+  TORCH_CHECK(major == 9 && minor == 0, "qk_int8_sv_f8_attn_sm90 needs an sm_90 GPU (H100, H200, H20), got sm_",
+              major, minor);
+  const auto out_options = q_int8.options().dtype(out_dtype);
+  at::Tensor out = out_nhd ? at::empty({b, nq, hq, head_dim}, out_options).transpose(1, 2)
+                           : at::empty({b, hq, nq, head_dim}, out_options);
+  const std::vector<int64_t> lse_shape = return_lse ? std::vector<int64_t>{b, hq, nq} : std::vector<int64_t>{0};
+  at::Tensor lse = at::empty(lse_shape, q_int8.options().dtype(at::kFloat));
+
+  sage::AttnSm90Args args{};
+  args.q = q_int8.data_ptr<int8_t>();
+  args.q_strides = strides(q_int8);
+  args.k = k_int8.data_ptr<int8_t>();
+  args.k_strides = strides(k_int8);
+  args.vt = static_cast<const uint8_t*>(vt_fp8.data_ptr());
+  args.vt_strides = strides(vt_fp8);
+  args.n_pad = static_cast<int>(n_pad);
+  args.q_scale = q_scale.data_ptr<float>();
+  args.q_scale_strides = strides(q_scale);
+  args.k_scale = k_scale.data_ptr<float>();
+  args.k_scale_strides = strides(k_scale);
+  args.v_scale = v_scale.data_ptr<float>();
+  args.v_scale_strides = strides(v_scale);
+  if (corr.has_value() && return_lse) {
+    args.corr = corr->data_ptr<float>();
+    args.corr_strides = strides(*corr);
+  }
+  args.out = out.data_ptr();
+  args.out_strides = strides(out);
+  args.out_type = out_dtype == at::kHalf ? sage::HalfType::kFloat16 : sage::HalfType::kBFloat16;
+  if (return_lse) {
+    args.lse = lse.data_ptr<float>();
+    args.lse_strides = strides(lse);
+  }
+  args.batch = static_cast<int>(b);
+  args.heads_q = static_cast<int>(hq);
+  args.heads_kv = static_cast<int>(hkv);
+  args.nq = static_cast<int>(nq);
+  args.nk = static_cast<int>(nk);
+  args.head_dim = static_cast<int>(head_dim);
+  args.d_pad = static_cast<int>(d_pad);
+  args.causal = is_causal;
+  check_cuda(sage::launch_qk_int8_sv_f8_attn_sm90(args, c10::cuda::getCurrentCUDAStream().stream()),
+             "qk_int8_sv_f8_attn_sm90");
+  return {out, lse};
+}
+#endif
+
 }  // namespace
 
 #ifdef SAGEATTN_FAMILY_FUSED
@@ -245,7 +376,7 @@ TORCH_LIBRARY_FRAGMENT(sageattention, m) {
       "quant_q_per_token(Tensor q, Tensor? k_mean, float sm_scale, float scale_mul, int d_pad, int kv_group, "
       "bool with_corr) -> (Tensor, Tensor, Tensor)");
   m.def("quant_k_per_block(Tensor k, Tensor? k_mean, int block, int d_pad) -> (Tensor, Tensor)");
-  m.def("quant_v_fp8(Tensor v, Tensor v_amax, int d_pad, int n_pad) -> Tensor");
+  m.def("quant_v_fp8(Tensor v, Tensor v_amax, int d_pad, int n_pad, bool permute_keys=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(sageattention, CUDA, m) {
@@ -263,4 +394,15 @@ TORCH_LIBRARY_FRAGMENT(sageattention, m) {
 }
 
 TORCH_LIBRARY_IMPL(sageattention, CUDA, m) { m.impl("qk_int8_sv_f16_attn", &qk_int8_sv_f16_attn); }
+#endif
+
+#ifdef SAGEATTN_FAMILY_SM90
+TORCH_LIBRARY_FRAGMENT(sageattention, m) {
+  m.def(
+      "qk_int8_sv_f8_attn_sm90(Tensor q_int8, Tensor k_int8, Tensor vt_fp8, Tensor q_scale, Tensor k_scale, "
+      "Tensor v_scale, Tensor? corr, bool is_causal, bool return_lse, ScalarType out_dtype, bool out_nhd) "
+      "-> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(sageattention, CUDA, m) { m.impl("qk_int8_sv_f8_attn_sm90", &qk_int8_sv_f8_attn_sm90); }
 #endif

@@ -83,18 +83,38 @@ def fused_quant_unavailable_reason() -> str | None:
     return None if module is not None else f"sageattention.{FUSED_EXTENSION} could not be imported ({reason})"
 
 
+#: Arch families whose compiled kernels serve ``sageattn`` in this version (the others are built and
+#: tested as ops, and wait for their Python wiring).
+WIRED_EXTENSIONS = ("sm90",)
+
+
 def cuda_unavailable_reason(arch: str) -> str | None:
     """Why the compiled kernels of an arch family cannot serve ``sageattn`` here (None: they can)."""
     module, reason = extension_status(arch)
     if module is None:
         return f"sageattention.{COMPILED_EXTENSIONS[arch]} could not be imported ({reason})"
-    # The extension loads, but this version of the Python package has no binding for its kernels yet.
-    return f"sageattention.{COMPILED_EXTENSIONS[arch]} is present but not wired to the Python API yet"
+    if arch not in WIRED_EXTENSIONS:
+        return f"sageattention.{COMPILED_EXTENSIONS[arch]} is present but not wired to the Python API yet"
+    return fused_quant_unavailable_reason()  # the kernels read what the fused quantization ops write
 
 
-def cuda_attention(*args, **kwargs):
-    """Placeholder of the compiled kernels' entry point (never chosen: see cuda_unavailable_reason)."""
-    raise RuntimeError("the compiled CUDA kernels are not wired to the Python API in this version")
+def cuda_attention(q, k, v, *, attn_mask, is_causal, sm_scale, return_lse, smooth_k, pv, options):
+    """Quantized attention on HND views through the compiled sm_90a kernel: (out like q, lse or None).
+
+    Head dims that are not a multiple of 8 (the kernel stores 16-byte rows) go through the Triton FP8
+    kernels, which compute the same quantized attention."""
+    del pv
+    if attn_mask is not None:
+        raise AssertionError("dispatch routes masked calls to the Triton kernels")
+    if q.shape[-1] % 8:
+        return triton_attention(q, k, v, attn_mask=None, is_causal=is_causal, sm_scale=sm_scale,
+                                return_lse=return_lse, smooth_k=smooth_k, pv=PVDtype.FP8,
+                                options={})  # fmt: skip
+    from .cuda_sm90 import attention_sm90  # noqa: PLC0415 - imports torch.ops of the built extension
+
+    with _on_device(q):
+        return attention_sm90(q, k, v, is_causal=is_causal, sm_scale=sm_scale, smooth_k=smooth_k,
+                              return_lse=return_lse)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------

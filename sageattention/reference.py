@@ -129,7 +129,7 @@ def quantize_per_block_ref(x: torch.Tensor, block: int, extra_scale: float = 1.0
     b, h, n, d = x.shape
     nblk = -(-n // block)
     padded = torch.nn.functional.pad(x, (0, 0, 0, nblk * block - n))
-    blocks = padded.view(b, h, nblk, block * d)
+    blocks = padded.reshape(b, h, nblk, block * d)  # reshape: an NHD view may not be viewable
     amax = blocks.abs().amax(dim=-1)
     inv = torch.where(amax > 0, _ieee_div(INT8_MAX, amax), torch.zeros_like(amax))
     xq = torch.round(blocks * inv.unsqueeze(-1)).clamp_(-INT8_MAX, INT8_MAX)
@@ -143,7 +143,7 @@ def quantize_per_block_ref(x: torch.Tensor, block: int, extra_scale: float = 1.0
         scale = amax * torch.tensor(K_RESIDUAL_SCALE, dtype=torch.float32)
     else:
         scale = amax * torch.tensor(extra_scale / INT8_MAX, dtype=torch.float32)
-    xq = xq.view(b, h, nblk * block, d)[:, :, :n]
+    xq = xq.reshape(b, h, nblk * block, d)[:, :, :n]
     return xq, scale
 
 

@@ -134,10 +134,17 @@ __global__ void quant_k_kernel(const T* __restrict__ k, Strides3 ks, int heads, 
   }
 }
 
-// One CTA per 64 tokens: quantize into shared memory as [d][token], then write 64-byte rows.
+// Token held by output slot `slot` when the keys are permuted for the sm_90a kernel (quant.h):
+// slot 4q + 2 * hi + lo of a group of 16 holds token 8 * hi + 2q + lo.
+__device__ __forceinline__ int permuted_token(int slot) {
+  return (slot & ~15) | (((slot >> 1) & 1) << 3) | (((slot >> 2) & 3) << 1) | (slot & 1);
+}
+
+// One CTA per 64 tokens (a multiple of the 16-token permutation group): quantize into shared memory
+// as [d][token], then write 64-byte rows, tokens past N (up to n_pad) as zeros.
 template <typename T, int D_PAD>
 __global__ void quant_v_kernel(const T* __restrict__ v, Strides3 vs, int heads, int n, int head_dim, int n_pad,
-                               const float* __restrict__ v_amax, uint8_t* __restrict__ vt) {
+                               const float* __restrict__ v_amax, uint8_t* __restrict__ vt, bool permute_keys) {
   __shared__ uint8_t tile[D_PAD][kVTokens + 4];  // +4 bytes: rows start in different banks
   const int h = blockIdx.y, b = blockIdx.z;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kVTokens;
@@ -152,8 +159,10 @@ __global__ void quant_v_kernel(const T* __restrict__ v, Strides3 vs, int heads, 
   __syncthreads();
   uint8_t* out = vt + (static_cast<int64_t>(b) * heads + h) * D_PAD * n_pad;
   for (int i = threadIdx.x; i < kVTokens * D_PAD; i += kThreads) {
-    const int d = i / kVTokens, t = i % kVTokens;
-    if (first + t < n) out[static_cast<int64_t>(d) * n_pad + first + t] = tile[d][t];
+    const int d = i / kVTokens, slot = i % kVTokens;
+    if (first + slot < n_pad) {
+      out[static_cast<int64_t>(d) * n_pad + first + slot] = tile[d][permute_keys ? permuted_token(slot) : slot];
+    }
   }
 }
 
@@ -198,10 +207,10 @@ struct KLaunch {
 template <typename T, int E>
 struct VLaunch {
   static cudaError_t run(const void* v, Strides3 vs, int batch, int heads, int n, int head_dim, int n_pad,
-                         const float* v_amax, uint8_t* vt, cudaStream_t stream) {
-    const dim3 grid((n + kVTokens - 1) / kVTokens, heads, batch);
+                         const float* v_amax, uint8_t* vt, bool permute_keys, cudaStream_t stream) {
+    const dim3 grid((n_pad + kVTokens - 1) / kVTokens, heads, batch);  // n_pad >= n: the padding too
     quant_v_kernel<T, E * kWarp><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(v), vs, heads, n, head_dim,
-                                                                n_pad, v_amax, vt);
+                                                                n_pad, v_amax, vt, permute_keys);
     return cudaGetLastError();
   }
 };
@@ -224,8 +233,9 @@ cudaError_t launch_quant_k_per_block(const void* k, HalfType type, Strides3 ks, 
 
 cudaError_t launch_quant_v_fp8_transposed(const void* v, HalfType type, Strides3 vs, int batch, int heads, int n,
                                           int head_dim, int d_pad, int n_pad, const float* v_amax, uint8_t* vt,
-                                          cudaStream_t stream) {
-  return dispatch<VLaunch>(type, d_pad, v, vs, batch, heads, n, head_dim, n_pad, v_amax, vt, stream);
+                                          bool permute_keys, cudaStream_t stream) {
+  if (permute_keys && n_pad % 16 != 0) return cudaErrorInvalidValue;
+  return dispatch<VLaunch>(type, d_pad, v, vs, batch, heads, n, head_dim, n_pad, v_amax, vt, permute_keys, stream);
 }
 
 }  // namespace sage

@@ -24,9 +24,19 @@ cudaError_t launch_quant_k_per_block(const void* k, HalfType type, Strides3 ks, 
                                      float* k_scale, cudaStream_t stream);
 
 // FP8 e4m3 V per channel, transposed: vt[b, h, d, token] = fp8(v * 448 / v_amax[b, h, d]).
-// vt: [B, H, d_pad, n_pad] contiguous (n_pad >= N); v_amax: [B, H, D] contiguous float32.
+// vt: [B, H, d_pad, n_pad] contiguous (n_pad >= N); v_amax: [B, H, D] contiguous float32. Every
+// slot is written: channels past D and tokens past N (up to n_pad) hold zeros.
+//
+// permute_keys (n_pad a multiple of 16): within each group of 16 tokens, slot 4q + r (q = 0..3,
+// r = 0..3) holds token 8 * (r / 2) + 2q + (r % 2) of the group:
+//     slot  0  1  2  3  4  5  6  7  8  9 10 11 12 13 14 15
+//     token 0  1  8  9  2  3 10 11  4  5 12 13  6  7 14 15
+// This is the Vᵀ the sm_90a kernel (csrc/sm90) multiplies with: its P fragment takes a thread's
+// FP32 accumulator values, which cover tokens {2q, 2q+1, 8+2q, 9+2q} of each 16, in their natural
+// order into wgmma's 8-bit A slots k = {4q..4q+3}; permuting V's tokens the same way makes every
+// product pair the right P and V. sageattention.reference.permute_keys_sm90 is the same map.
 cudaError_t launch_quant_v_fp8_transposed(const void* v, HalfType type, Strides3 vs, int batch, int heads,
                                           int n, int head_dim, int d_pad, int n_pad, const float* v_amax,
-                                          uint8_t* vt, cudaStream_t stream);
+                                          uint8_t* vt, bool permute_keys, cudaStream_t stream);
 
 }  // namespace sage

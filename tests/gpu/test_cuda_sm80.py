@@ -128,7 +128,9 @@ def test_against_float64(metrics, causal):
     out, lse = run_kernel(q, k, v, causal=causal, return_lse=True)
     ref, ref_lse = attention_ref(q, k, v, is_causal=causal, return_lse=True)
     metrics.assert_exact(out, ref, PVDtype.FP16)
-    torch.testing.assert_close(lse.double(), ref_lse, rtol=0, atol=2e-2)
+    # The first causal rows see one key: their LSE is one INT8 score, off by up to 0.032 (H100); a masking
+    # or scaling bug moves an LSE by O(1).
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=0, atol=5e-2)
 
 
 @pytest.mark.parametrize("d", [64, 128])

@@ -1,0 +1,81 @@
+"""Launcher of the sm_90a CUDA attention kernel (csrc/sm90, op ``sageattention::qk_int8_sv_f8_attn_sm90``).
+
+One call quantizes with the compiled fused ops and attends:
+
+* Q: INT8 per token (``quant_q_per_token``), its scale carrying ``sm_scale * log2(e)``;
+* K: minus its mean over tokens (smooth-K, when asked), INT8 per block of 128 keys
+  (``quant_k_per_block``): the kernel's key step, so one scale covers one step;
+* V: FP8 e4m3 per channel (scale ``amax / 448``), transposed to [B, Hkv, d_pad, n_pad] with its keys
+  permuted within groups of 16 (``quant_v_fp8(..., permute_keys=True)``; see
+  ``sageattention.reference.permute_keys_sm90``);
+* the attention kernel, whose output is stored like ``q`` (NHD memory for an NHD caller).
+
+It computes what ``sage_ref(q, k, v, pv=PVDtype.FP8, block_m=1, block_n=128, ...)`` computes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import ops as _ops
+from .quant import FP8_E4M3_MAX, INT8_MAX, LOG2E
+
+__all__ = ["attention_sm90", "KEY_BLOCK"]
+
+#: Keys per kernel step and K's INT8 block (one scale per block).
+KEY_BLOCK = 128
+#: Vᵀ's key dimension is padded to a multiple of this (the permutation group; TMA row alignment).
+KEY_GROUP = 16
+
+
+def _d_pad(head_dim: int) -> int:
+    return 64 if head_dim <= 64 else 128
+
+
+def attention_sm90(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool, return_lse: bool):
+    """Quantized attention on HND views ([B, H, N, D], any strides with a unit last stride) of
+    float16/bfloat16 tensors, D <= 128 and a multiple of 8, Hq a multiple of Hkv.
+
+    Returns (out, lse): out [B, Hq, Nq, D] in q's dtype, stored like q; lse [B, Hq, Nq] float32
+    (natural log, including the smooth-K correction) or None.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != 4 or x.stride(-1) != 1:
+            raise ValueError(f"{name} must be a 4-d [B, H, N, D] view with a unit last stride")
+        if x.dtype not in (torch.float16, torch.bfloat16) or x.dtype != q.dtype:
+            raise TypeError(f"q, k and v must share one dtype, float16 or bfloat16; {name} is {x.dtype}")
+    b, hq, nq, head_dim = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    if head_dim > 128 or head_dim % 8:
+        raise ValueError(f"head dim {head_dim} is not supported: it must be a multiple of 8, at most 128")
+    if k.shape[-1] != head_dim or v.shape[-1] != head_dim or v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be [B, Hkv, Nk, {head_dim}]")
+    if k.shape[0] != b or hq % hkv:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)}: batch must match, Hq a multiple of Hkv")
+    if nk == 0:
+        raise ValueError("k and v must hold at least one key")
+    d_pad = _d_pad(head_dim)
+    for module in (_ops.FUSED_EXTENSION, _ops.COMPILED_EXTENSIONS["sm90"]):  # importing registers the ops
+        loaded, reason = _ops._import_extension(module)
+        if loaded is None:
+            raise RuntimeError(f"sageattention.{module} is not available: {reason}")
+    ops = torch.ops.sageattention
+
+    km = k.mean(dim=2, dtype=torch.float32) if smooth_k else None
+    vmax = torch.linalg.vector_norm(v, ord=math.inf, dim=2, dtype=torch.float32)
+    with_corr = return_lse and smooth_k
+    scale_mul = sm_scale * LOG2E / INT8_MAX
+    qq, q_scale, corr = ops.quant_q_per_token(q, km, sm_scale, scale_mul, d_pad, hq // hkv, with_corr)
+    kq, k_scale = ops.quant_k_per_block(k, km, KEY_BLOCK, d_pad)
+    n_pad = -(-nk // KEY_GROUP) * KEY_GROUP
+    vt = ops.quant_v_fp8(v, vmax, d_pad, n_pad, True)
+    v_scale = vmax * (1.0 / FP8_E4M3_MAX)
+
+    corr = corr if with_corr else None
+    out_nhd = q.stride(1) < q.stride(2)  # NHD memory in, NHD memory out
+    out, lse = ops.qk_int8_sv_f8_attn_sm90(
+        qq, kq, vt, q_scale, k_scale, v_scale, corr, is_causal, return_lse, q.dtype, out_nhd
+    )
+    return out, (lse if return_lse else None)

@@ -1,0 +1,349 @@
+"""The sm_90a CUDA attention kernel (csrc/sm90, op sageattention::qk_int8_sv_f8_attn_sm90) against
+the simulated-quantization reference (tightly) and float64 attention (loosely), and the permuted FP8
+V quantization it reads (quant_v_fp8(..., permute_keys=True)) bit for bit.
+
+Inputs are made by sageattention.cuda_sm90.attention_sm90 with the compiled fused quantization ops,
+exactly as the kernel is fed: Q INT8 per token, K minus its mean INT8 per block of 128 keys, V FP8
+e4m3 per channel, transposed, keys permuted within groups of 16.
+
+Bounds. Against sage_ref(pv=FP8, block_m=1, block_n=128), conftest's TIGHT_BOUNDS[FP8]: cosine >=
+0.9999 and max|out - ref| <= 0.07 * max|ref|. The kernel and the reference quantize identically;
+what is left is float32 summation order, exp2 (ex2.approx), the FP8 MMA's internal accumulation
+within one 128-key block (~22 mantissa bits) and the fp16/bf16 rounding of the output (2^-8
+relative). Any of the first three can move P * 448 across an e4m3 rounding boundary now and then,
+and with 3 mantissa bits such a flip changes that element by up to 1/16: visible in rows with few
+keys (short or causal rows), which is why the max-error bound is 0.07 and not 0.01. A wrong tile,
+swizzle, mask, key permutation or scale gives errors of order max|ref| and cannot pass. The LSE
+shares the reference's float32 arithmetic (the row sum uses the unrounded P): atol 2e-4.
+Against float64 attention_ref (DESIGN.md protocol, b=1 h=8 n=4096 d=128), conftest's
+EXACT_BOUNDS[FP8]: cosine >= 0.9992 and relative L1 <= 0.04 (the Triton FP8 path measures 0.99926 /
+0.0384 on randn, whose quantization this kernel shares).
+
+On failure the messages say where the error sits (batch, head, row, channel of the worst element;
+the worst heads, 128-row blocks, consumer warpgroup half and channels; where NaNs are), which is
+usually enough to tell a mask, a swizzle, a fragment layout or an unwritten tile apart.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import pytest
+import torch
+
+from sageattention.quant import LOG2E, PVDtype
+from sageattention.reference import attention_ref, permute_keys_sm90, quantize_v_fp8_ref, sage_ref
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+for _module in ("sageattention._qattn_sm90", "sageattention._fused"):
+    try:
+        importlib.import_module(_module)
+    except ImportError as exc:
+        pytest.skip(f"{_module} is not built: {exc}", allow_module_level=True)
+_CAPABILITY = torch.cuda.get_device_capability()
+if _CAPABILITY != (9, 0):
+    pytest.skip(f"needs an sm_90 GPU, this is sm_{_CAPABILITY[0]}{_CAPABILITY[1]}", allow_module_level=True)
+
+from sageattention import cuda_ops  # noqa: E402  (registers the fake implementations)
+from sageattention.cuda_sm90 import KEY_BLOCK, attention_sm90  # noqa: E402
+
+ops = torch.ops.sageattention
+SM90_MODULE = "sageattention._qattn_sm90"
+
+
+def make(b, h, n, d, layout, dtype, seed, scale=1.0):
+    """A [B, H, N, D] view; NHD memory when layout == "NHD"."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    shape = (b, h, n, d) if layout == "HND" else (b, n, h, d)
+    x = torch.randn(shape, device="cuda", generator=gen) * scale
+    x = x.to(dtype)
+    return x if layout == "HND" else x.transpose(1, 2)
+
+
+def run_kernel(q, k, v, *, causal, return_lse=False, smooth_k=True):
+    return attention_sm90(
+        q, k, v, is_causal=causal, sm_scale=q.shape[-1] ** -0.5, smooth_k=smooth_k, return_lse=return_lse
+    )
+
+
+def reference(q, k, v, *, causal, return_lse=False, smooth_k=True):
+    return sage_ref(
+        q, k, v, is_causal=causal, sm_scale=q.shape[-1] ** -0.5, pv=PVDtype.FP8, smooth_k=smooth_k, block_m=1,
+        block_n=KEY_BLOCK, return_lse=return_lse,
+    )  # fmt: skip
+
+
+def poison_allocator(*shapes_dtypes):
+    """Hand NaN-filled blocks of these sizes back to the caching allocator, so the kernel's
+    torch.empty outputs most likely start as NaN: a row or channel it forgets to write shows."""
+    blocks = [torch.full(shape, math.nan, dtype=dtype, device="cuda") for shape, dtype in shapes_dtypes]
+    del blocks
+
+
+# --------------------------------------------------------------------------------------------------
+# Failure reports
+
+
+def _nan_as_inf(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isnan(x), math.inf, x)
+
+
+def _top(values: torch.Tensor, names, k=4) -> str:
+    flat = values.flatten()
+    k = min(k, flat.numel())
+    top = torch.topk(_nan_as_inf(flat), k)
+    parts = []
+    for val, idx in zip(top.values.tolist(), top.indices.tolist()):
+        coords = torch.unravel_index(torch.tensor(idx), values.shape)
+        parts.append(", ".join(f"{n}={int(c)}" for n, c in zip(names, coords)) + f": {val:.4g}")
+    return "; ".join(parts)
+
+
+def where_it_differs(out: torch.Tensor, ref: torch.Tensor) -> str:
+    """Where |out - ref| is large, for [B, H, N, D] tensors (HND views)."""
+    o, r = out.double(), ref.double()
+    err = (o - r).abs()
+    b, h, n, d = err.shape
+    lines = [f"shape [B, H, N, D] = {list(err.shape)}, max|ref| = {r.abs().max().item():.4g}"]
+    nan = torch.isnan(o)
+    if nan.any():
+        rows = nan.any(dim=-1).nonzero().tolist()
+        chans = nan.any(dim=(0, 1, 2)).nonzero().flatten().tolist()
+        lines.append(f"NaN in {int(nan.sum())} elements; (b, h, row) of the first: {rows[:6]}")
+        lines.append(f"channels holding NaN: {chans[:16]}")
+        err = _nan_as_inf(err)
+    flat = int(torch.argmax(err.flatten()))
+    bi, hi, ni, di = (int(c) for c in torch.unravel_index(torch.tensor(flat), err.shape))
+    lines.append(
+        f"worst element b={bi} h={hi} row={ni} (row block {ni // 128}, row {ni % 128} in it) channel={di}: "
+        f"out={o[bi, hi, ni, di].item():.5g} ref={r[bi, hi, ni, di].item():.5g}"
+    )
+    lines.append("worst (b, h): " + _top(err.amax(dim=(2, 3)), ("b", "h")))
+    pad = (-n) % 128
+    row_err = torch.nn.functional.pad(err.amax(dim=-1), (0, pad)).view(b, h, -1, 128)
+    lines.append("worst 128-row blocks: " + _top(row_err.amax(dim=-1), ("b", "h", "block")))
+    halves = row_err.amax(dim=(0, 1, 2)).view(2, 64).amax(dim=-1).tolist()
+    lines.append(f"max error, rows 0-63 / 64-127 of a block (warpgroups): {halves[0]:.3g} / {halves[1]:.3g}")
+    in_warp = row_err.amax(dim=(0, 1, 2)).view(8, 16).amax(dim=0).tolist()
+    lines.append("max error by row within a warp's 16 rows: " + " ".join(f"{x:.2g}" for x in in_warp))
+    lines.append("worst channels: " + _top(err.amax(dim=(0, 1, 2)), ("channel",), k=6))
+    return "\n".join(lines)
+
+
+def check_tight(metrics, out, ref, what="vs sage_ref"):
+    """conftest's tight FP8 bound, with a description of the error pattern on failure."""
+    try:
+        metrics.assert_finite(out)
+        return metrics.assert_tight(out, ref, PVDtype.FP8, what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{where_it_differs(out, ref)}") from None
+
+
+def check_lse(lse, ref_lse, atol, what="lse", rtol=0.0):
+    try:
+        assert not torch.isnan(lse).any(), f"NaN in {what}"
+        torch.testing.assert_close(lse.double(), ref_lse.double(), rtol=rtol, atol=atol)
+    except AssertionError as exc:
+        err = _nan_as_inf((lse.double() - ref_lse.double()).abs())
+        raise AssertionError(f"{what}: {exc}\nworst (b, h, row): {_top(err, ('b', 'h', 'row'))}") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# FP8 V with permuted keys
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n,d", [(1, 128), (17, 64), (113, 72), (1000, 128), (4095, 40)])
+@pytest.mark.parametrize("pad_to", [16, 128])
+def test_quant_v_fp8_permute_keys_is_bit_exact(dtype, n, d, pad_to):
+    v = make(2, 3, n, d, "NHD", dtype, 1, scale=3.0)
+    vmax = torch.linalg.vector_norm(v, ord=math.inf, dim=2, dtype=torch.float32)
+    d_pad = 64 if d <= 64 else 128
+    n_pad = -(-n // pad_to) * pad_to
+    nan_bytes = ((2, 3, d_pad, n_pad), torch.uint8)  # 0xFF is NaN in e4m3fn: unwritten slots show
+    blocks = [torch.full(nan_bytes[0], 255, dtype=torch.uint8, device="cuda")]
+    del blocks
+    plain = ops.quant_v_fp8(v, vmax, d_pad, n_pad)  # the old 4-argument call: no permutation
+    blocks = [torch.full(nan_bytes[0], 255, dtype=torch.uint8, device="cuda")]
+    del blocks
+    permuted = ops.quant_v_fp8(v, vmax, d_pad, n_pad, True)
+    ref_v, _ = quantize_v_fp8_ref(v)
+    assert torch.equal(plain[:, :, :d, :n].float().transpose(-1, -2), ref_v)
+    raw = plain.view(torch.uint8)
+    assert not raw[..., n:].any(), "tokens past N must be zeros"
+    assert not raw[:, :, d:].any(), "channels past D must be zeros"
+    expected = permute_keys_sm90(plain).view(torch.uint8)
+    got = permuted.view(torch.uint8)
+    if not torch.equal(got, expected):
+        bad = (got != expected).nonzero()
+        raise AssertionError(f"{len(bad)} bytes differ; first (b, h, channel, slot): {bad[:8].tolist()}")
+
+
+def test_quant_v_fp8_permute_keys_needs_groups_of_16():
+    v = make(1, 1, 20, 64, "HND", torch.float16, 2)
+    vmax = torch.linalg.vector_norm(v, ord=math.inf, dim=2, dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        ops.quant_v_fp8(v, vmax, 64, 24, True)
+
+
+# --------------------------------------------------------------------------------------------------
+# Attention
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("n", [1, 17, 113, 1000, 4095])
+@pytest.mark.parametrize("d", [64, 128])
+def test_matches_sage_ref(metrics, layout, causal, n, d):
+    b, hq, hkv = 2, 8, 2  # GQA: 4 query heads per KV head
+    dtype = torch.bfloat16 if n % 2 else torch.float16
+    q, k, v = (make(b, h, n, d, layout, dtype, seed) for h, seed in ((hq, 1), (hkv, 2), (hkv, 3)))
+    k = k + 2.0  # a common offset that smooth-K removes
+    poison_allocator(((b, hq, n, d), dtype), ((b, hq, n), torch.float32))
+    out, lse = run_kernel(q, k, v, causal=causal, return_lse=True)
+    assert out.shape == q.shape and out.dtype == dtype and out.stride() == torch.empty_like(q).stride()
+    ref, ref_lse = reference(q, k, v, causal=causal, return_lse=True)
+    check_tight(metrics, out, ref)
+    check_lse(lse, ref_lse, atol=2e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize(
+    "nq,nk", [(100, 300), (300, 100), (129, 64), (64, 129), (1, 1000), (1000, 1), (17, 4095), (4095, 113)]
+)
+def test_different_query_and_key_lengths(metrics, causal, nq, nk):
+    q = make(1, 4, nq, 128, "HND", torch.float16, 4)
+    k, v = make(1, 4, nk, 128, "HND", torch.float16, 5), make(1, 4, nk, 128, "HND", torch.float16, 6)
+    poison_allocator(((1, 4, nq, 128), torch.float16), ((1, 4, nq), torch.float32))
+    out, lse = run_kernel(q, k, v, causal=causal, return_lse=True)
+    ref, ref_lse = reference(q, k, v, causal=causal, return_lse=True)
+    check_tight(metrics, out, ref)
+    check_lse(lse, ref_lse, atol=2e-4)
+
+
+@pytest.mark.parametrize("d", [40, 72, 96])
+def test_head_dims_below_the_tile(metrics, d):
+    q, k, v = (make(1, 4, 333, d, "NHD", torch.bfloat16, s) for s in (7, 8, 9))
+    poison_allocator(((1, 4, 333, d), torch.bfloat16))
+    out, _ = run_kernel(q, k, v, causal=True)
+    assert out.shape == q.shape
+    check_tight(metrics, out, reference(q, k, v, causal=True))
+
+
+@pytest.mark.parametrize("kv_group", [1, 8])
+@pytest.mark.parametrize("d", [64, 128])
+def test_gqa_groups(metrics, kv_group, d):
+    q = make(1, 8, 500, d, "HND", torch.float16, 10)
+    hkv = 8 // kv_group
+    k, v = make(1, hkv, 500, d, "HND", torch.float16, 11), make(1, hkv, 500, d, "HND", torch.float16, 12)
+    out, _ = run_kernel(q, k, v, causal=False)
+    check_tight(metrics, out, reference(q, k, v, causal=False))
+
+
+def make_protocol_inputs(kind: str, seed: int):
+    """b=1 h=8 n=4096 d=128 bf16 NHD views. "outlier": K plus a per-channel bias N(0, 8^2), four V
+    channels x10, Q x2."""
+    q, k, v = (make(1, 8, 4096, 128, "NHD", torch.float32, seed + i) for i in range(3))
+    if kind == "outlier":
+        gen = torch.Generator(device="cuda").manual_seed(seed + 3)
+        k = k + 8.0 * torch.randn(128, device="cuda", generator=gen)
+        v = v.clone()
+        v[..., :4] *= 10.0
+        q = q * 2.0
+    return tuple(x.to(torch.bfloat16) for x in (q, k, v))
+
+
+@pytest.mark.parametrize("kind", ["randn", "outlier"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_against_float64(metrics, kind, causal):
+    """The accuracy promised to users (DESIGN.md protocol)."""
+    q, k, v = make_protocol_inputs(kind, 13)
+    out, lse = run_kernel(q, k, v, causal=causal, return_lse=True)
+    ref, ref_lse = attention_ref(q, k, v, is_causal=causal, return_lse=True)
+    try:
+        stats = metrics.assert_exact(out, ref, PVDtype.FP8)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{where_it_differs(out, ref)}") from None
+    print(f"sm90 {kind} causal={causal} vs float64: {metrics.fmt(stats)}")
+    # The LSE carries the INT8 error of the scores (FP8 P·V does not enter it): a few 1e-3 for most
+    # rows; the first causal rows see one or two keys, so their LSE is one score and keeps its full
+    # INT8 error, which grows with |q| |k| (H100: up to 0.032 on randn, 0.067 on the outlier set). A
+    # masking or scaling bug moves an LSE by O(1) (log 2 for a key counted twice).
+    check_lse(lse, ref_lse, atol=5e-2 if kind == "randn" else 0.1, what="lse vs float64")
+    check_tight(metrics, out, reference(q, k, v, causal=causal), what="vs sage_ref")
+
+
+def test_without_smoothing_and_without_lse(metrics):
+    q, k, v = (make(1, 2, 200, 64, "HND", torch.float16, s) for s in (19, 20, 21))
+    out, lse = run_kernel(q, k, v, causal=False, smooth_k=False)
+    assert lse is None
+    check_tight(metrics, out, reference(q, k, v, causal=False, smooth_k=False))
+
+
+def test_out_layout_follows_q():
+    q, k, v = (make(1, 2, 70, 64, "HND", torch.float16, s) for s in (22, 23, 24))
+    a, _ = run_kernel(q, k, v, causal=False)
+    c, _ = run_kernel(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, causal=False)
+    assert a.is_contiguous() and c.transpose(1, 2).is_contiguous()
+    assert torch.equal(a, c)
+
+
+def test_offsets_beyond_2_31():
+    """Output of 2^31 + elements (4 GiB): the last head's rows lie beyond 32-bit element offsets."""
+    hq, nq, nk, d = 16, (1 << 20) + 77, 128, 128
+    q = make(1, hq, nq, d, "HND", torch.bfloat16, 25)
+    k, v = make(1, hq, nk, d, "HND", torch.bfloat16, 26), make(1, hq, nk, d, "HND", torch.bfloat16, 27)
+    out, lse = run_kernel(q, k, v, causal=False, return_lse=True)
+    assert out.numel() > 1 << 31
+    rows = slice(nq - 300, nq)
+    # Q is quantized per token, K has one 128-key block: a slice of rows is the same computation.
+    ref, ref_lse = reference(q[:, -1:, rows], k[:, -1:], v[:, -1:], causal=False, return_lse=True)
+    got = out[:, -1:, rows]
+    assert not torch.isnan(got).any(), where_it_differs(got, ref)
+    cos = torch.nn.functional.cosine_similarity(got.double().flatten(), ref.double().flatten(), dim=0)
+    assert cos >= 0.9999, f"cos={cos:.6f}\n{where_it_differs(got, ref)}"
+    check_lse(lse[:, -1:, rows], ref_lse, atol=2e-4)
+    del q, out
+
+
+def test_rejects_inputs_it_cannot_take():
+    q, k, v = (make(1, 2, 200, 64, "HND", torch.float16, s) for s in (28, 29, 30))
+    km = k.mean(dim=2, dtype=torch.float32)
+    vmax = torch.linalg.vector_norm(v, ord=math.inf, dim=2, dtype=torch.float32)
+    qq, qs, _ = ops.quant_q_per_token(q, km, 0.125, 0.125 * LOG2E / 127, 64, 1, False)
+    vt = ops.quant_v_fp8(v, vmax, 64, 208, True)
+    vs = vmax / 448
+    kq, ks = ops.quant_k_per_block(k, km, KEY_BLOCK, 64)
+
+    def attend(kq=kq, ks=ks, vt=vt, vs=vs, out_dtype=torch.float16):
+        return ops.qk_int8_sv_f8_attn_sm90(qq, kq, vt, qs, ks, vs, None, False, False, out_dtype, False)
+
+    attend()  # the valid call
+    kq64, ks64 = ops.quant_k_per_block(k, km, 64, 64)  # one scale per 64 keys: the sm80 layout
+    with pytest.raises(RuntimeError, match="k_scale"):
+        attend(kq=kq64, ks=ks64)
+    with pytest.raises(RuntimeError, match="n_pad"):
+        attend(vt=vt[..., :200])
+    with pytest.raises(RuntimeError, match="v_scale"):
+        attend(vs=vs[..., :60])
+    with pytest.raises(RuntimeError, match="vt_fp8"):
+        attend(vt=vt.float())
+    with pytest.raises(RuntimeError, match="out_dtype"):
+        attend(out_dtype=torch.float32)
+
+
+def test_fake_implementation_matches():
+    assert cuda_ops.registered(SM90_MODULE), cuda_ops.unavailable_reason(SM90_MODULE)
+    q, k, v = (make(1, 4, 130, 96, "NHD", torch.bfloat16, s) for s in (31, 32, 33))
+    km = k.mean(dim=2, dtype=torch.float32)
+    vmax = torch.linalg.vector_norm(v, ord=math.inf, dim=2, dtype=torch.float32)
+    qq, qs, corr = ops.quant_q_per_token(q, km, 0.1, 0.1 * LOG2E / 127, 128, 1, True)
+    kq, ks = ops.quant_k_per_block(k, km, KEY_BLOCK, 128)
+    vt = ops.quant_v_fp8(v, vmax, 128, 144, True)
+    args = (qq, kq, vt, qs, ks, vmax / 448, corr, True, True, torch.bfloat16, True)
+    # opcheck's test_schema compares inputs before and after with arithmetic that float8 tensors do
+    # not support ("mul_cuda" not implemented for Float8_e4m3fn): the fake tensor check is what counts.
+    torch.library.opcheck(ops.qk_int8_sv_f8_attn_sm90.default, args, test_utils=("test_faketensor",))
