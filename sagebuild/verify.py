@@ -127,10 +127,28 @@ def cuobjdump_candidates(options: VerifyOptions) -> list[Path]:
     return out
 
 
-def find_cuobjdump(options: VerifyOptions, package: str | None = None) -> Path | None:
+def cuobjdump_version(cuobjdump: Path) -> tuple[int, int] | None:
+    """The CUDA release a cuobjdump belongs to ("Build cuda_13.1.r13.1/..."), or None if it won't say."""
+    try:
+        proc = subprocess.run([str(cuobjdump), "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"(?:release |cuda_)(\d+)\.(\d+)", proc.stdout)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def find_cuobjdump(options: VerifyOptions, min_cuda: tuple[int, int] | None = None) -> Path | None:
+    """The first usable cuobjdump. With ``min_cuda``, older ones are passed over: they cannot name the
+    targets of a newer toolkit (seen: the CUDA 12.8 cuobjdump inside triton 3.6 lists a sm_90a cubin
+    as sm_90, so a correct wheel would fail its SASS check)."""
     for candidate in cuobjdump_candidates(options):
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return candidate
+        if not (candidate.is_file() and os.access(candidate, os.X_OK)):
+            continue
+        if min_cuda is not None:
+            version = cuobjdump_version(candidate)
+            if version is not None and version < min_cuda:
+                continue
+        return candidate
     return None
 
 
@@ -490,14 +508,17 @@ def _check_build_info(contents, name, package, matrix, options, extensions, repo
 def _check_sass(path, contents, extensions, expected, options, report, matrix, name):
     if not expected:
         return
-    cuobjdump = find_cuobjdump(options)
+    cuda = name.cuda
+    min_cuda = tuple(int(x) for x in cuda.split(".")[:2]) if cuda else None
+    cuobjdump = find_cuobjdump(options, min_cuda)
     if cuobjdump is None and options.fetch_cuobjdump and options.cache_dir is not None:
         requirement = next(iter(matrix.cuda_release(name.cuda).pip.cuobjdump), "nvidia-cuda-cuobjdump")
         cuobjdump = fetch_cuobjdump(options.cache_dir, requirement)
     if cuobjdump is None:
         message = (
-            "no cuobjdump found (looked for --cuobjdump, $SAGEBUILD_CUOBJDUMP, the CUDA toolkit, PATH, "
-            ".sagebuild/tools, nvidia-cuda-cuobjdump and triton in site-packages); "
+            f"no cuobjdump{f' of CUDA {cuda} or newer' if cuda else ''} found (looked for --cuobjdump, "
+            "$SAGEBUILD_CUOBJDUMP, the CUDA toolkit, PATH, .sagebuild/tools, nvidia-cuda-cuobjdump and "
+            "triton in site-packages); "
             "use --fetch-cuobjdump to install nvidia-cuda-cuobjdump, or --cuobjdump PATH"
         )
         if options.allow_missing_cuobjdump:

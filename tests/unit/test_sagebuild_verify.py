@@ -186,10 +186,10 @@ def test_expected_archs_must_match(tmp_path, matrix, fake_cuobjdump):
 
 
 def test_missing_cuobjdump_is_said_and_fails_unless_allowed(tmp_path, matrix, monkeypatch):
-    monkeypatch.setattr("sagebuild.verify.find_cuobjdump", lambda options, package=None: None)
+    monkeypatch.setattr("sagebuild.verify.find_cuobjdump", lambda options, min_cuda=None: None)
     wheel = good_cuda_wheel(tmp_path)
     report = verify_wheel(wheel, matrix, options(None))
-    assert any("no cuobjdump found" in f and "--allow-missing-cuobjdump" in f for f in failures(report))
+    assert any("no cuobjdump of CUDA" in f and "--allow-missing-cuobjdump" in f for f in failures(report))
     allowed = verify_wheel(wheel, matrix, options(None, allow_missing_cuobjdump=True))
     assert allowed.passed and any(
         c.status == "skip" and "SASS check skipped" in c.label for c in allowed.checks
@@ -254,3 +254,29 @@ def test_cli_exit_code_and_marks(tmp_path, fake_cuobjdump, capsys):
     out = capsys.readouterr().out
     assert "✗ file name:" in out and "must carry the {torch}.{cuda} build tag" in out
     assert "1 of 2 wheels passed" in out
+
+
+def _versioned_cuobjdump(folder: Path, release: str) -> Path:
+    folder.mkdir(parents=True)
+    path = folder / "cuobjdump"
+    path.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.0'\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_an_older_cuobjdump_is_passed_over(tmp_path, monkeypatch):
+    """A cuobjdump older than the wheel's CUDA cannot name its targets (CUDA 12.8's lists a sm_90a cubin
+    as sm_90): the first one of that CUDA or newer is taken, and none at all is better than an old one."""
+    from sagebuild.verify import cuobjdump_version, find_cuobjdump
+
+    old = _versioned_cuobjdump(tmp_path / "old", "12.8")
+    new = _versioned_cuobjdump(tmp_path / "new", "13.1")
+    assert cuobjdump_version(old) == (12, 8) and cuobjdump_version(new) == (13, 1)
+    monkeypatch.setenv("SAGEBUILD_CUOBJDUMP", str(new))
+    opts = VerifyOptions(smoke=False, cuobjdump=str(old))
+    assert find_cuobjdump(opts) == old  # no CUDA to match: the first candidate
+    assert find_cuobjdump(opts, (13, 0)) == new
+    monkeypatch.delenv("SAGEBUILD_CUOBJDUMP")
+    monkeypatch.setenv("PATH", str(tmp_path / "old"))
+    monkeypatch.setattr("sys.path", [])
+    assert find_cuobjdump(VerifyOptions(smoke=False, cuobjdump=str(old)), (13, 0)) is None
