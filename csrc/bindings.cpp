@@ -26,6 +26,14 @@
 
 #include "sm80/attn.h"
 #endif
+#ifdef SAGEATTN_FAMILY_SM89
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+#include "sm89/attn.h"
+#endif
 #ifdef SAGEATTN_FAMILY_SM90
 #include <cuda_runtime.h>
 
@@ -39,10 +47,20 @@
 #define SAGE_STR_(a) #a
 #define SAGE_STR(a) SAGE_STR_(a)
 
-// The module holds no Python functions: importing it runs the static registrations below.
+// The module holds no Python functions: importing it runs the static registrations below. The sm89
+// module also carries FP8_MMA_F16_ACCUM (1 or 0): whether its "fp32+fp16" kernels were built (the
+// FP16-accumulating FP8 MMA needs CUDA >= 12.8), so Python can choose without trying.
 PyMODINIT_FUNC SAGE_CONCAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
   static PyModuleDef def = {PyModuleDef_HEAD_INIT, SAGE_STR(TORCH_EXTENSION_NAME), nullptr, -1, nullptr};
-  return PyModule_Create(&def);
+  PyObject* module = PyModule_Create(&def);
+#ifdef SAGEATTN_FAMILY_SM89
+  if (module != nullptr &&
+      PyModule_AddIntConstant(module, "FP8_MMA_F16_ACCUM", sage::sm89_fp16_accum_built() ? 1 : 0) != 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+#endif
+  return module;
 }
 
 namespace {
@@ -101,8 +119,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_q_per_token(const at::Tenso
   return {q_int8, q_scale, corr};
 }
 
-std::tuple<at::Tensor, at::Tensor> quant_k_per_block(const at::Tensor& k, const std::optional<at::Tensor>& k_mean,
-                                                     int64_t block, int64_t d_pad) {
+// Returns [k_int8, k_scale], or [k_int8, k_scale, k_residual] with residual: the second INT8 digit of
+// two-level K (laid out like k_int8), k_scale then being amax * K_RESIDUAL_SCALE (csrc/fused/quant.h).
+// A list, so that callers of the one-level form keep unpacking two tensors.
+std::vector<at::Tensor> quant_k_per_block(const at::Tensor& k, const std::optional<at::Tensor>& k_mean, int64_t block,
+                                          int64_t d_pad, bool residual) {
   check_input(k, "k");
   check_d_pad(d_pad, k.size(3));
   TORCH_CHECK(block >= 1, "block must be positive, got ", block);
@@ -111,16 +132,19 @@ std::tuple<at::Tensor, at::Tensor> quant_k_per_block(const at::Tensor& k, const 
   const int64_t b = k.size(0), h = k.size(1), n = k.size(2);
   auto k_int8 = at::empty({b, h, n, d_pad}, k.options().dtype(at::kChar));
   auto k_scale = at::empty({b, h, (n + block - 1) / block}, k.options().dtype(at::kFloat));
+  at::Tensor k_residual = residual ? at::empty_like(k_int8) : at::Tensor();
   check_cuda(sage::launch_quant_k_per_block(k.data_ptr(), half_type(k), strides(k), b, h, n, k.size(3), d_pad,
                                             block, k_mean.has_value() ? k_mean->data_ptr<float>() : nullptr,
-                                            k_int8.data_ptr<int8_t>(), k_scale.data_ptr<float>(),
-                                            c10::cuda::getCurrentCUDAStream().stream()),
+                                            k_int8.data_ptr<int8_t>(),
+                                            residual ? k_residual.data_ptr<int8_t>() : nullptr,
+                                            k_scale.data_ptr<float>(), c10::cuda::getCurrentCUDAStream().stream()),
              "quant_k_per_block");
+  if (residual) return {k_int8, k_scale, k_residual};
   return {k_int8, k_scale};
 }
 
-// permute_keys: the key order the sm_90a kernel multiplies with (csrc/fused/quant.h); needs n_pad
-// to be a multiple of 16.
+// permute_keys: the key order the FP8 P·V kernels (sm_90a, sm89) multiply with (csrc/fused/quant.h);
+// needs n_pad to be a multiple of 16.
 at::Tensor quant_v_fp8(const at::Tensor& v, const at::Tensor& v_amax, int64_t d_pad, int64_t n_pad,
                        bool permute_keys) {
   check_input(v, "v");
@@ -140,22 +164,24 @@ at::Tensor quant_v_fp8(const at::Tensor& v, const at::Tensor& v_amax, int64_t d_
 }
 #endif
 
-#ifdef SAGEATTN_FAMILY_SM80
-// INT8 Q·Kᵀ, FP16 P·V attention (csrc/sm80). Inputs are what the fused quantization ops produce:
-// q_int8 [B, Hq, Nq, d_pad] with q_scale [B, Hq, Nq] (quant_q_per_token), k_int8 [B, Hkv, Nk, d_pad]
-// with k_scale [B, Hkv, ceil(Nk / 64)] (quant_k_per_block with block = 64), v FP16 [B, Hkv, Nk, D]
-// (any strides, unit last stride). Returns out [B, Hq, Nq, D] of out_dtype, whose memory is
-// [B, Nq, Hq, D] when out_nhd (so an NHD caller gets NHD memory without a copy), and the
-// natural-log LSE [B, Hq, Nq] float32 (plus corr when given) or an empty tensor without return_lse.
+#if defined(SAGEATTN_FAMILY_SM80) || defined(SAGEATTN_FAMILY_SM89)
+// The mma.sync kernels (csrc/sm80, csrc/sm89; sage_attn_mma.cuh) read what the fused quantization ops
+// produce: q_int8 [B, Hq, Nq, d_pad] with q_scale [B, Hq, Nq] (quant_q_per_token), k_int8
+// [B, Hkv, Nk, d_pad] with k_scale [B, Hkv, ceil(Nk / 64)] (quant_k_per_block with block = 64). They
+// return out [B, Hq, Nq, D] of out_dtype, whose memory is [B, Nq, Hq, D] when out_nhd (so an NHD
+// caller gets NHD memory without a copy), and the natural-log LSE [B, Hq, Nq] float32 (plus corr when
+// given) or an empty tensor without return_lse.
 void check_int8_qk(const at::Tensor& x, const char* name, int64_t align_elems) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kChar && x.dim() == 4, name,
-              " must be a 4-d int8 CUDA tensor [B, H, N, d_pad]");
-  TORCH_CHECK(x.stride(3) == 1, name, " must have a contiguous last dimension");
-  TORCH_CHECK(x.size(3) == 64 || x.size(3) == 128, name, ": d_pad must be 64 or 128, got ", x.size(3));
+              " must be a 4-d int8 CUDA tensor [B, H, N, d_pad], got ", x.scalar_type(), " ", x.sizes(), " on ",
+              x.device());
+  TORCH_CHECK(x.stride(3) == 1, name, " must have a contiguous last dimension, got strides ", x.strides());
+  TORCH_CHECK(x.size(3) == 64 || x.size(3) == 128, name, ": d_pad (its last dim) must be 64 or 128, got ",
+              x.size(3));
   // Q is read as 4-byte words, K with 16-byte cp.async: rows and the base must be aligned to that.
   TORCH_CHECK(reinterpret_cast<uintptr_t>(x.data_ptr()) % align_elems == 0 && x.stride(0) % align_elems == 0 &&
                   x.stride(1) % align_elems == 0 && x.stride(2) % align_elems == 0,
-              name, " must be aligned to ", align_elems, " bytes (base and strides)");
+              name, " must be aligned to ", align_elems, " bytes (base and strides), got strides ", x.strides());
 }
 
 void check_scale(const at::Tensor& x, const char* name, at::IntArrayRef sizes, const at::Tensor& like) {
@@ -164,74 +190,56 @@ void check_scale(const at::Tensor& x, const char* name, at::IntArrayRef sizes, c
               x.sizes(), " on ", x.device());
 }
 
-std::tuple<at::Tensor, at::Tensor> qk_int8_sv_f16_attn(const at::Tensor& q_int8, const at::Tensor& k_int8,
-                                                       const at::Tensor& v, const at::Tensor& q_scale,
-                                                       const at::Tensor& k_scale,
-                                                       const std::optional<at::Tensor>& corr, bool is_causal,
-                                                       bool return_lse, at::ScalarType out_dtype, bool out_nhd,
-                                                       c10::string_view pv_accum) {
+// Checks Q, K and their scales, allocates out and lse, and fills the arguments both kernels share.
+// head_dim: the output's head dim D, taken from head_dim_from (named in errors).
+sage::MmaAttnArgs mma_common_args(const at::Tensor& q_int8, const at::Tensor& k_int8, const at::Tensor& q_scale,
+                                  const at::Tensor& k_scale, const std::optional<at::Tensor>& corr, bool is_causal,
+                                  bool return_lse, at::ScalarType out_dtype, bool out_nhd, int64_t head_dim,
+                                  const char* head_dim_from, at::Tensor& out, at::Tensor& lse) {
   check_int8_qk(q_int8, "q_int8", 4);
   check_int8_qk(k_int8, "k_int8", 16);
-  TORCH_CHECK(v.is_cuda() && v.scalar_type() == at::kHalf && v.dim() == 4 && v.stride(3) == 1,
-              "v must be a 4-d float16 CUDA tensor [B, Hkv, Nk, D] with a contiguous last dimension");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(v.data_ptr()) % 16 == 0 && v.stride(0) % 8 == 0 && v.stride(1) % 8 == 0 &&
-                  v.stride(2) % 8 == 0,
-              "v must be aligned to 16 bytes (base and strides)");
-  TORCH_CHECK(q_int8.device() == k_int8.device() && q_int8.device() == v.device(),
-              "q_int8, k_int8 and v must be on one device");
+  TORCH_CHECK(q_int8.device() == k_int8.device(), "q_int8 and k_int8 must be on one device, got ", q_int8.device(),
+              " and ", k_int8.device());
   const int64_t b = q_int8.size(0), hq = q_int8.size(1), nq = q_int8.size(2), d_pad = q_int8.size(3);
-  const int64_t hkv = k_int8.size(1), nk = k_int8.size(2), head_dim = v.size(3);
+  const int64_t hkv = k_int8.size(1), nk = k_int8.size(2);
   TORCH_CHECK(k_int8.size(0) == b && k_int8.size(3) == d_pad, "k_int8 must be [", b, ", Hkv, Nk, ", d_pad,
               "], got ", k_int8.sizes());
-  TORCH_CHECK(v.size(0) == b && v.size(1) == hkv && v.size(2) == nk, "v must be [", b, ", ", hkv, ", ", nk,
-              ", D], got ", v.sizes());
   TORCH_CHECK(hkv >= 1 && hq % hkv == 0, "the query heads (", hq, ") must be a multiple of the KV heads (", hkv, ")");
-  TORCH_CHECK(head_dim % 8 == 0 && head_dim >= 8 && head_dim <= d_pad, "head dim ", head_dim,
-              " must be a multiple of 8 and at most d_pad ", d_pad);
+  TORCH_CHECK(head_dim % 8 == 0 && head_dim >= 8 && head_dim <= d_pad, "the head dim D = ", head_dim, " (",
+              head_dim_from, ") must be a multiple of 8 and at most d_pad ", d_pad);
   TORCH_CHECK(nq < (int64_t{1} << 31) && nk < (int64_t{1} << 31), "sequence lengths must be below 2^31");
-  const int64_t key_blocks = (nk + sage::kSm80KeyBlock - 1) / sage::kSm80KeyBlock;
+  const int64_t key_blocks = (nk + sage::kMmaKeyBlock - 1) / sage::kMmaKeyBlock;
   check_scale(q_scale, "q_scale", {b, hq, nq}, q_int8);
   check_scale(k_scale, "k_scale (one scale per 64 keys)", {b, hkv, key_blocks}, q_int8);
   if (corr.has_value()) check_scale(*corr, "corr", {b, hq, nq}, q_int8);
   TORCH_CHECK(out_dtype == at::kHalf || out_dtype == at::kBFloat16, "out_dtype must be float16 or bfloat16, got ",
               out_dtype);
-  sage::PvAccum accum;
-  if (pv_accum == "fp32") {
-    accum = sage::PvAccum::kFp32;
-  } else if (pv_accum == "fp16+fp32") {
-    accum = sage::PvAccum::kFp16ThenFp32;
-  } else {
-    TORCH_CHECK(false, "pv_accum must be 'fp32' or 'fp16+fp32', got '", std::string(pv_accum), "'");
-  }
 
-  const c10::cuda::CUDAGuard guard(q_int8.device());
-  const auto out_options = v.options().dtype(out_dtype);
-  at::Tensor out = out_nhd ? at::empty({b, nq, hq, head_dim}, out_options).transpose(1, 2)
-                           : at::empty({b, hq, nq, head_dim}, out_options);
+  const auto out_options = q_int8.options().dtype(out_dtype);
+  out = out_nhd ? at::empty({b, nq, hq, head_dim}, out_options).transpose(1, 2)
+                : at::empty({b, hq, nq, head_dim}, out_options);
   const std::vector<int64_t> lse_shape = return_lse ? std::vector<int64_t>{b, hq, nq} : std::vector<int64_t>{0};
-  at::Tensor lse = at::empty(lse_shape, v.options().dtype(at::kFloat));
+  lse = at::empty(lse_shape, q_int8.options().dtype(at::kFloat));
 
-  sage::AttnSm80Args args{};
+  sage::MmaAttnArgs args{};
   args.q = q_int8.data_ptr<int8_t>();
   args.q_strides = strides(q_int8);
   args.k = k_int8.data_ptr<int8_t>();
   args.k_strides = strides(k_int8);
-  args.v = v.data_ptr();
-  args.v_strides = strides(v);
   args.q_scale = q_scale.data_ptr<float>();
-  args.q_scale_strides = {q_scale.stride(0), q_scale.stride(1), q_scale.stride(2)};
+  args.q_scale_strides = strides(q_scale);
   args.k_scale = k_scale.data_ptr<float>();
-  args.k_scale_strides = {k_scale.stride(0), k_scale.stride(1), k_scale.stride(2)};
+  args.k_scale_strides = strides(k_scale);
   if (corr.has_value() && return_lse) {
     args.corr = corr->data_ptr<float>();
-    args.corr_strides = {corr->stride(0), corr->stride(1), corr->stride(2)};
+    args.corr_strides = strides(*corr);
   }
   args.out = out.data_ptr();
   args.out_strides = strides(out);
   args.out_type = half_type(out);
   if (return_lse) {
     args.lse = lse.data_ptr<float>();
-    args.lse_strides = {lse.stride(0), lse.stride(1), lse.stride(2)};
+    args.lse_strides = strides(lse);
   }
   args.batch = static_cast<int>(b);
   args.heads_q = static_cast<int>(hq);
@@ -241,9 +249,132 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_sv_f16_attn(const at::Tensor& q_int8,
   args.head_dim = static_cast<int>(head_dim);
   args.d_pad = static_cast<int>(d_pad);
   args.causal = is_causal;
+  return args;
+}
+#endif
+
+#ifdef SAGEATTN_FAMILY_SM80
+// INT8 Q·Kᵀ, FP16 P·V attention (csrc/sm80). v: FP16 [B, Hkv, Nk, D] (any strides, unit last stride).
+// k_residual (optional): K's second INT8 digit [B, Hkv, Nk, d_pad] (quant_k_per_block with
+// residual=True), k_scale then being that op's two-level scale.
+std::tuple<at::Tensor, at::Tensor> qk_int8_sv_f16_attn(const at::Tensor& q_int8, const at::Tensor& k_int8,
+                                                       const at::Tensor& v, const at::Tensor& q_scale,
+                                                       const at::Tensor& k_scale,
+                                                       const std::optional<at::Tensor>& corr, bool is_causal,
+                                                       bool return_lse, at::ScalarType out_dtype, bool out_nhd,
+                                                       c10::string_view pv_accum,
+                                                       const std::optional<at::Tensor>& k_residual) {
+  sage::PvAccum accum;
+  if (pv_accum == "fp32") {
+    accum = sage::PvAccum::kFp32;
+  } else if (pv_accum == "fp16+fp32") {
+    accum = sage::PvAccum::kFp16ThenFp32;
+  } else {
+    TORCH_CHECK(false, "pv_accum must be 'fp32' or 'fp16+fp32', got '", std::string(pv_accum), "'");
+  }
+  TORCH_CHECK(v.is_cuda() && v.scalar_type() == at::kHalf && v.dim() == 4 && v.stride(3) == 1,
+              "v must be a 4-d float16 CUDA tensor [B, Hkv, Nk, D] with a contiguous last dimension, got ",
+              v.scalar_type(), " ", v.sizes(), " strides ", v.strides(), " on ", v.device());
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(v.data_ptr()) % 16 == 0 && v.stride(0) % 8 == 0 && v.stride(1) % 8 == 0 &&
+                  v.stride(2) % 8 == 0,
+              "v must be aligned to 16 bytes (base and strides), got strides ", v.strides());
+
+  const c10::cuda::CUDAGuard guard(q_int8.device());
+  at::Tensor out, lse;
+  sage::AttnSm80Args args = mma_common_args(q_int8, k_int8, q_scale, k_scale, corr, is_causal, return_lse, out_dtype,
+                                            out_nhd, v.size(3), "v's last dim", out, lse);
+  TORCH_CHECK(v.device() == q_int8.device(), "q_int8, k_int8 and v must be on one device, got ", q_int8.device(),
+              " and ", v.device());
+  TORCH_CHECK(v.size(0) == k_int8.size(0) && v.size(1) == k_int8.size(1) && v.size(2) == k_int8.size(2),
+              "v must be [", k_int8.size(0), ", ", k_int8.size(1), ", ", k_int8.size(2), ", D] like k_int8, got ",
+              v.sizes());
+  if (k_residual.has_value()) {
+    check_int8_qk(*k_residual, "k_residual", 16);
+    TORCH_CHECK(k_residual->sizes() == k_int8.sizes() && k_residual->device() == k_int8.device(),
+                "k_residual must have k_int8's shape ", k_int8.sizes(), " and device ", k_int8.device(), ", got ",
+                k_residual->sizes(), " on ", k_residual->device());
+    args.k_residual = k_residual->data_ptr<int8_t>();
+    args.k_residual_strides = strides(*k_residual);
+  }
+  args.v = v.data_ptr();
+  args.v_strides = strides(v);
   args.accum = accum;
   check_cuda(sage::launch_qk_int8_sv_f16_attn_sm80(args, c10::cuda::getCurrentCUDAStream().stream()),
              "qk_int8_sv_f16_attn");
+  return {out, lse};
+}
+#endif
+
+#ifdef SAGEATTN_FAMILY_SM89
+// INT8 Q·Kᵀ, FP8 P·V attention (csrc/sm89), sm_89 and newer. vt_fp8: Vᵀ [B, Hkv, d_pad, n_pad]
+// float8_e4m3fn from quant_v_fp8(..., permute_keys=True) (n_pad >= Nk, a multiple of 16); v_scale
+// [B, Hkv, D] float32 (v_amax / 448), whose last dim D (a multiple of 8, at most d_pad) is the head
+// dim of the output. pv_accum: "fp32", "fp32+fp32" or "fp32+fp16"; the last accumulates each 64-key
+// block in FP16 and needs V quantized with v_amax * 256 (v_scale = v_amax * 256 / 448), see
+// kSm89Fp16AccumVHeadroom in csrc/sm89/attn.h.
+std::tuple<at::Tensor, at::Tensor> qk_int8_sv_f8_attn_sm89(const at::Tensor& q_int8, const at::Tensor& k_int8,
+                                                           const at::Tensor& vt_fp8, const at::Tensor& q_scale,
+                                                           const at::Tensor& k_scale, const at::Tensor& v_scale,
+                                                           const std::optional<at::Tensor>& corr, bool is_causal,
+                                                           bool return_lse, at::ScalarType out_dtype, bool out_nhd,
+                                                           c10::string_view pv_accum) {
+  sage::PvAccum accum;
+  if (pv_accum == "fp32") {
+    accum = sage::PvAccum::kFp32;
+  } else if (pv_accum == "fp32+fp32") {
+    accum = sage::PvAccum::kFp32ThenFp32;
+  } else if (pv_accum == "fp32+fp16") {
+    accum = sage::PvAccum::kFp16ThenFp32;
+    TORCH_CHECK(sage::sm89_fp16_accum_built(),
+                "pv_accum 'fp32+fp16' needs the FP16-accumulating FP8 MMA (PTX ISA 8.7), which this build of "
+                "sageattention._qattn_sm89 lacks: it was compiled with a CUDA older than 12.8. Use 'fp32+fp32'.");
+  } else {
+    TORCH_CHECK(false, "pv_accum must be 'fp32', 'fp32+fp32' or 'fp32+fp16', got '", std::string(pv_accum), "'");
+  }
+  TORCH_CHECK(vt_fp8.is_cuda() && vt_fp8.scalar_type() == at::kFloat8_e4m3fn && vt_fp8.dim() == 4,
+              "vt_fp8 must be a 4-d float8_e4m3fn CUDA tensor [B, Hkv, d_pad, n_pad], got ", vt_fp8.scalar_type(),
+              " ", vt_fp8.sizes(), " on ", vt_fp8.device());
+  // Read with 16-byte cp.async: a 16-byte aligned base and strides (bytes = elements here).
+  TORCH_CHECK(vt_fp8.stride(3) == 1 && reinterpret_cast<uintptr_t>(vt_fp8.data_ptr()) % 16 == 0 &&
+                  vt_fp8.stride(0) % 16 == 0 && vt_fp8.stride(1) % 16 == 0 && vt_fp8.stride(2) % 16 == 0,
+              "vt_fp8 must have a contiguous last dimension, a 16-byte aligned base and strides that are multiples "
+              "of 16, got strides ",
+              vt_fp8.strides());
+  TORCH_CHECK(v_scale.scalar_type() == at::kFloat && v_scale.dim() == 3, "v_scale must be a 3-d float32 tensor "
+              "[B, Hkv, D], got ", v_scale.scalar_type(), " ", v_scale.sizes());
+
+  const c10::cuda::CUDAGuard guard(q_int8.device());
+  int major = 0, minor = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q_int8.get_device()),
+             "cudaDeviceGetAttribute");
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, q_int8.get_device()),
+             "cudaDeviceGetAttribute");
+  TORCH_CHECK(major * 10 + minor >= 89, "qk_int8_sv_f8_attn_sm89 needs an sm_89 or newer GPU (FP8 MMA), got sm_",
+              major, minor);
+  at::Tensor out, lse;
+  sage::AttnSm89Args args = mma_common_args(q_int8, k_int8, q_scale, k_scale, corr, is_causal, return_lse,
+                                            out_dtype, out_nhd, v_scale.size(2), "v_scale's last dim", out, lse);
+  const int64_t b = k_int8.size(0), hkv = k_int8.size(1), nk = k_int8.size(2), d_pad = k_int8.size(3);
+  const int64_t n_pad = vt_fp8.size(3);
+  TORCH_CHECK(vt_fp8.device() == q_int8.device() && v_scale.device() == q_int8.device(),
+              "q_int8, k_int8, vt_fp8 and v_scale must be on one device, got ", q_int8.device(), ", ",
+              vt_fp8.device(), " and ", v_scale.device());
+  TORCH_CHECK(vt_fp8.size(0) == b && vt_fp8.size(1) == hkv && vt_fp8.size(2) == d_pad,
+              "vt_fp8 must be [B, Hkv, d_pad, n_pad] = [", b, ", ", hkv, ", ", d_pad, ", n_pad] to match k_int8, got ",
+              vt_fp8.sizes());
+  TORCH_CHECK(n_pad >= nk && n_pad % sage::kSm89KeyPermuteGroup == 0 && n_pad < (int64_t{1} << 31),
+              "vt_fp8: n_pad (its last dim) must be at least Nk = ", nk, " and a multiple of ",
+              sage::kSm89KeyPermuteGroup, ", got ", n_pad);
+  TORCH_CHECK(v_scale.size(0) == b && v_scale.size(1) == hkv, "v_scale must be [", b, ", ", hkv,
+              ", D] to match k_int8, got ", v_scale.sizes());
+  args.v = vt_fp8.data_ptr();
+  args.v_strides = strides(vt_fp8);
+  args.n_pad = static_cast<int>(n_pad);
+  args.v_scale = v_scale.data_ptr<float>();
+  args.v_scale_strides = strides(v_scale);
+  args.accum = accum;
+  check_cuda(sage::launch_qk_int8_sv_f8_attn_sm89(args, c10::cuda::getCurrentCUDAStream().stream()),
+             "qk_int8_sv_f8_attn_sm89");
   return {out, lse};
 }
 #endif
@@ -375,7 +506,7 @@ TORCH_LIBRARY_FRAGMENT(sageattention, m) {
   m.def(
       "quant_q_per_token(Tensor q, Tensor? k_mean, float sm_scale, float scale_mul, int d_pad, int kv_group, "
       "bool with_corr) -> (Tensor, Tensor, Tensor)");
-  m.def("quant_k_per_block(Tensor k, Tensor? k_mean, int block, int d_pad) -> (Tensor, Tensor)");
+  m.def("quant_k_per_block(Tensor k, Tensor? k_mean, int block, int d_pad, bool residual=False) -> Tensor[]");
   m.def("quant_v_fp8(Tensor v, Tensor v_amax, int d_pad, int n_pad, bool permute_keys=False) -> Tensor");
 }
 
@@ -390,10 +521,22 @@ TORCH_LIBRARY_IMPL(sageattention, CUDA, m) {
 TORCH_LIBRARY_FRAGMENT(sageattention, m) {
   m.def(
       "qk_int8_sv_f16_attn(Tensor q_int8, Tensor k_int8, Tensor v, Tensor q_scale, Tensor k_scale, Tensor? corr, "
-      "bool is_causal, bool return_lse, ScalarType out_dtype, bool out_nhd, str pv_accum) -> (Tensor, Tensor)");
+      "bool is_causal, bool return_lse, ScalarType out_dtype, bool out_nhd, str pv_accum, "
+      "Tensor? k_residual=None) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(sageattention, CUDA, m) { m.impl("qk_int8_sv_f16_attn", &qk_int8_sv_f16_attn); }
+#endif
+
+#ifdef SAGEATTN_FAMILY_SM89
+TORCH_LIBRARY_FRAGMENT(sageattention, m) {
+  m.def(
+      "qk_int8_sv_f8_attn_sm89(Tensor q_int8, Tensor k_int8, Tensor vt_fp8, Tensor q_scale, Tensor k_scale, "
+      "Tensor v_scale, Tensor? corr, bool is_causal, bool return_lse, ScalarType out_dtype, bool out_nhd, "
+      "str pv_accum) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(sageattention, CUDA, m) { m.impl("qk_int8_sv_f8_attn_sm89", &qk_int8_sv_f8_attn_sm89); }
 #endif
 
 #ifdef SAGEATTN_FAMILY_SM90

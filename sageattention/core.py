@@ -45,8 +45,11 @@ _OPTION_DEFAULTS = {
 }
 
 # pv_accum_dtype / qk_quant_gran accepted by each compiled kernel family (as the established API).
+# qk_quant_gran is accepted for compatibility only: the kernels quantize Q per token and K per key
+# block whichever is given (finer than the established per-warp/per-thread scales). The FP16 kernel has
+# no "fp16" (whole-sequence FP16 accumulation): "fp16+fp32" is its fast mode.
 _CUDA_GRANS = ("per_warp", "per_thread")
-_FP16_CUDA_ACCUMS = ("fp32", "fp16+fp32", "fp16")
+_FP16_CUDA_ACCUMS = ("fp32", "fp16+fp32")
 _FP8_CUDA_ACCUMS = ("fp32+fp16", "fp32+fp32", "fp32")
 _SM90_CUDA_ACCUMS = ("fp32+fp32",)
 
@@ -292,9 +295,8 @@ _PARAM_DOCS = {
     "sm_scale": ("float or None", "Softmax scale, a positive finite number; None means 1 / sqrt(head_dim)."),
     "pv_accum_dtype": (
         "str",
-        "Accumulation of the P·V products in the CUDA kernels: {choices}. "
-        '"fp32" is exact FP32; "a+b" accumulates in a inside a block of keys and adds into b between '
-        'blocks; "fp16" is the fastest and least accurate. The Triton kernels always accumulate in FP32.',
+        "Accumulation of the P·V products in the CUDA kernels: {choices}. The Triton kernels always "
+        "accumulate in FP32.",
     ),
     "smooth_k": (
         "bool",
@@ -304,8 +306,9 @@ _PARAM_DOCS = {
     ),
     "smooth_v": (
         "bool",
-        "Subtract the mean of V over the tokens before the P·V product and add it back after. "
-        'Used by the CUDA kernels with pv_accum_dtype "fp16" only, ignored elsewhere.',
+        "Subtract the mean of V over the tokens before the P·V product and add it back after. Accepted "
+        "for compatibility and ignored: it serves whole-sequence FP16 accumulation, which no kernel here "
+        "has (each key block is added into FP32).",
     ),
     "return_lse": (
         "bool",
@@ -385,9 +388,16 @@ SageAttention through the Triton kernels: INT8 Q·K, FP16 P·V with FP32 accumul
 SageAttention through the Triton kernels: INT8 Q·K, FP8 (e4m3) P·V with FP32 accumulation (sm89
 and newer).""",
     "sageattn_qk_int8_pv_fp16_cuda": """\
-SageAttention through the compiled sm80 kernels: INT8 Q·K, FP16 P·V (sm80 and newer).""",
+SageAttention through the compiled sm80 kernels: INT8 Q·K, FP16 P·V (sm80 and newer).
+
+Q is INT8 per token; K (smoothed) is two INT8 digits per block of 64 keys, K ~ scale * (k1 + k2 / 254),
+whose product with Q is exact in INT32; P·V multiplies FP16 P by FP16 V (bf16 V is converted).""",
     "sageattn_qk_int8_pv_fp8_cuda": """\
-SageAttention through the compiled sm89 kernels: INT8 Q·K, FP8 P·V (sm89, sm100, sm120, sm121).""",
+SageAttention through the compiled sm89 kernels: INT8 Q·K, FP8 P·V (sm89, sm100, sm120, sm121; the
+mma.sync kernels also run on sm90).
+
+Q is INT8 per token, K (smoothed) INT8 per block of 64 keys; P (scaled by 448) and V (per channel)
+are FP8 e4m3.""",
     "sageattn_qk_int8_pv_fp8_cuda_sm90": """\
 SageAttention through the compiled sm90 (Hopper) kernels: INT8 Q·K, FP8 P·V with wgmma.""",
     "sageattn_varlen": """\
@@ -406,22 +416,47 @@ quantization_backend, attn_mask) may be passed by keyword. With attn_mask, the T
 serve the call (the CUDA kernels take no mask).""",
     "sageattn_qk_int8_pv_fp16_triton": _NEEDS.format(what="no CUDA GPU of sm80+, or no Triton"),
     "sageattn_qk_int8_pv_fp8_triton": _NEEDS.format(what="no CUDA GPU of sm89+, or no Triton"),
-    "sageattn_qk_int8_pv_fp16_cuda": _NOT_BUILT,
-    "sageattn_qk_int8_pv_fp8_cuda": _NOT_BUILT,
+    "sageattn_qk_int8_pv_fp16_cuda": _NOT_BUILT
+    + "\nRaises ValueError for a pv_accum_dtype the kernel does not have.",
+    "sageattn_qk_int8_pv_fp8_cuda": _NOT_BUILT
+    + """
+A build made with CUDA older than 12.8 has no "fp32+fp16" kernels; that value then runs as
+"fp32+fp32", with one warning.""",
     "sageattn_qk_int8_pv_fp8_cuda_sm90": _NOT_BUILT,
     "sageattn_varlen": "",
 }
 
+_ACCUM_MEANING = (
+    '. "fp32" is exact FP32; "a+b" accumulates in a inside a block of keys and adds into b between '
+    'blocks; "fp16" is the fastest and least accurate'
+)
+_CUDA_GRAN_CHOICES = (
+    '"per_warp" or "per_thread", accepted for compatibility: these kernels quantize Q per token and K '
+    "per block of 64 keys whichever is given (finer scales than either)"
+)
 _CHOICES = {
     ("sageattn", "qk_quant_gran"): '"per_warp", "per_thread" or "per_block"; None leaves it to the backend',
     ("sageattn", "pv_accum_dtype"): (
         '"fp32", "fp16", "fp16+fp32", "fp32+fp16" or "fp32+fp32"; None leaves it to the backend'
+        + _ACCUM_MEANING
     ),
     ("sageattn_varlen", "qk_quant_gran"): '"per_warp", "per_thread" or "per_block"',
-    ("sageattn_varlen", "pv_accum_dtype"): '"fp32", "fp16", "fp16+fp32", "fp32+fp16" or "fp32+fp32"',
-    ("sageattn_qk_int8_pv_fp16_cuda", "pv_accum_dtype"): ", ".join(f'"{a}"' for a in _FP16_CUDA_ACCUMS),
-    ("sageattn_qk_int8_pv_fp8_cuda", "pv_accum_dtype"): ", ".join(f'"{a}"' for a in _FP8_CUDA_ACCUMS),
-    ("sageattn_qk_int8_pv_fp8_cuda_sm90", "pv_accum_dtype"): ", ".join(f'"{a}"' for a in _SM90_CUDA_ACCUMS),
+    ("sageattn_varlen", "pv_accum_dtype"): '"fp32", "fp16", "fp16+fp32", "fp32+fp16" or "fp32+fp32"'
+    + _ACCUM_MEANING,
+    ("sageattn_qk_int8_pv_fp16_cuda", "qk_quant_gran"): _CUDA_GRAN_CHOICES,
+    ("sageattn_qk_int8_pv_fp16_cuda", "pv_accum_dtype"): (
+        '"fp32" (FP32 accumulators throughout) or "fp16+fp32" (FP16 accumulators inside each block of 64 '
+        "keys, added into FP32: twice the MMA rate on sm86/sm89)"
+    ),
+    ("sageattn_qk_int8_pv_fp8_cuda", "qk_quant_gran"): _CUDA_GRAN_CHOICES,
+    ("sageattn_qk_int8_pv_fp8_cuda", "pv_accum_dtype"): (
+        '"fp32+fp16" (the FP8 MMA accumulates each block of 64 keys in FP16, added into FP32: the fastest '
+        "on sm89; V is then quantized to 448 / 256 of the e4m3 range so no block sum can overflow), "
+        '"fp32+fp32" (each block in fresh FP32 accumulators, added into FP32) or "fp32" (every MMA adds '
+        "into the running FP32 output)"
+    ),
+    ("sageattn_qk_int8_pv_fp8_cuda_sm90", "pv_accum_dtype"): ", ".join(f'"{a}"' for a in _SM90_CUDA_ACCUMS)
+    + _ACCUM_MEANING,
 }
 
 

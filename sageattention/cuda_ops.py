@@ -6,10 +6,15 @@ reason it did not is kept (as ops.py does for the extensions themselves).
 
 Ops covered:
 
-* ``sageattention::qk_int8_sv_f16_attn`` (``sageattention._qattn_sm80``): INT8 Q·Kᵀ, FP16 P·V.
-  Returns ``out`` [B, Hq, Nq, D] of ``out_dtype`` (D = ``v.shape[-1]``), whose memory is
-  [B, Nq, Hq, D] when ``out_nhd``, and the float32 LSE [B, Hq, Nq] (an empty tensor without
-  ``return_lse``).
+* ``sageattention::quant_q_per_token``, ``quant_k_per_block``, ``quant_v_fp8``
+  (``sageattention._fused``): the fused quantization ops. ``quant_k_per_block`` returns a list:
+  [k_int8, k_scale], plus K's second INT8 digit with ``residual=True``.
+* ``sageattention::qk_int8_sv_f16_attn`` (``sageattention._qattn_sm80``): INT8 Q·Kᵀ (optionally
+  two-level K), FP16 P·V. Returns ``out`` [B, Hq, Nq, D] of ``out_dtype`` (D = ``v.shape[-1]``),
+  whose memory is [B, Nq, Hq, D] when ``out_nhd``, and the float32 LSE [B, Hq, Nq] (an empty tensor
+  without ``return_lse``).
+* ``sageattention::qk_int8_sv_f8_attn_sm89`` (``sageattention._qattn_sm89``): INT8 Q·Kᵀ, FP8 P·V
+  with mma.sync (sm89 and newer). Returns as the sm90 op below.
 * ``sageattention::qk_int8_sv_f8_attn_sm90`` (``sageattention._qattn_sm90``): INT8 Q·Kᵀ, FP8 P·V on
   sm_90a. Returns ``out`` [B, Hq, Nq, D] of ``out_dtype`` (D = ``v_scale.shape[-1]``), whose memory
   is [B, Nq, Hq, D] when ``out_nhd``, and the float32 LSE [B, Hq, Nq] (an empty tensor without
@@ -24,37 +29,114 @@ import torch
 
 __all__ = ["registered", "unavailable_reason"]
 
+_FUSED_MODULE = "sageattention._fused"
 _SM80_MODULE = "sageattention._qattn_sm80"
+_SM89_MODULE = "sageattention._qattn_sm89"
 _SM90_MODULE = "sageattention._qattn_sm90"
 
 _registered: dict[str, bool] = {}
 _reasons: dict[str, str] = {}
 
 
-def _fake_qk_int8_sv_f16_attn(
-    q_int8, k_int8, v, q_scale, k_scale, corr, is_causal, return_lse, out_dtype, out_nhd, pv_accum
-):
-    b, hq, nq, _ = q_int8.shape
-    d = v.shape[-1]
+def _import(module: str) -> bool:
+    """Import ``module`` once; False (with the reason kept) when it cannot be imported."""
+    if module in _registered:
+        return False  # done before: registered, or failed with its reason kept
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:  # not built here, or built against another torch
+        _registered[module] = False
+        _reasons[module] = f"{type(exc).__name__}: {exc}"
+        return False
+    return True
+
+
+def _attn_outputs(like, b, hq, nq, d, out_dtype, out_nhd, return_lse):
     if out_nhd:
-        out = v.new_empty((b, nq, hq, d), dtype=out_dtype).transpose(1, 2)
+        out = like.new_empty((b, nq, hq, d), dtype=out_dtype).transpose(1, 2)
     else:
-        out = v.new_empty((b, hq, nq, d), dtype=out_dtype)
-    lse = v.new_empty((b, hq, nq) if return_lse else (0,), dtype=torch.float32)
+        out = like.new_empty((b, hq, nq, d), dtype=out_dtype)
+    lse = like.new_empty((b, hq, nq) if return_lse else (0,), dtype=torch.float32)
     return out, lse
 
 
-def _register_sm80() -> None:
-    if _SM80_MODULE in _registered:
+def _fake_quant_q_per_token(q, k_mean, sm_scale, scale_mul, d_pad, kv_group, with_corr):
+    b, h, n, _ = q.shape
+    q_int8 = q.new_empty((b, h, n, d_pad), dtype=torch.int8)
+    q_scale = q.new_empty((b, h, n), dtype=torch.float32)
+    corr = q.new_empty((b if with_corr else 0, h, n), dtype=torch.float32)
+    return q_int8, q_scale, corr
+
+
+def _fake_quant_k_per_block(k, k_mean, block, d_pad, residual=False):
+    b, h, n, _ = k.shape
+    k_int8 = k.new_empty((b, h, n, d_pad), dtype=torch.int8)
+    k_scale = k.new_empty((b, h, -(-n // block)), dtype=torch.float32)
+    return [k_int8, k_scale, torch.empty_like(k_int8)] if residual else [k_int8, k_scale]
+
+
+def _fake_quant_v_fp8(v, v_amax, d_pad, n_pad, permute_keys=False):
+    b, h = v.shape[:2]
+    return v.new_empty((b, h, d_pad, n_pad), dtype=torch.float8_e4m3fn)
+
+
+def _register_fused() -> None:
+    if not _import(_FUSED_MODULE):
         return
-    try:
-        importlib.import_module(_SM80_MODULE)
-    except ImportError as exc:  # not built here, or built against another torch
-        _registered[_SM80_MODULE] = False
-        _reasons[_SM80_MODULE] = f"{type(exc).__name__}: {exc}"
+    torch.library.register_fake("sageattention::quant_q_per_token")(_fake_quant_q_per_token)
+    torch.library.register_fake("sageattention::quant_k_per_block")(_fake_quant_k_per_block)
+    torch.library.register_fake("sageattention::quant_v_fp8")(_fake_quant_v_fp8)
+    _registered[_FUSED_MODULE] = True
+
+
+def _fake_qk_int8_sv_f16_attn(
+    q_int8,
+    k_int8,
+    v,
+    q_scale,
+    k_scale,
+    corr,
+    is_causal,
+    return_lse,
+    out_dtype,
+    out_nhd,
+    pv_accum,
+    k_residual=None,
+):
+    b, hq, nq, _ = q_int8.shape
+    return _attn_outputs(v, b, hq, nq, v.shape[-1], out_dtype, out_nhd, return_lse)
+
+
+def _register_sm80() -> None:
+    if not _import(_SM80_MODULE):
         return
     torch.library.register_fake("sageattention::qk_int8_sv_f16_attn")(_fake_qk_int8_sv_f16_attn)
     _registered[_SM80_MODULE] = True
+
+
+def _fake_qk_int8_sv_f8_attn_sm89(
+    q_int8,
+    k_int8,
+    vt_fp8,
+    q_scale,
+    k_scale,
+    v_scale,
+    corr,
+    is_causal,
+    return_lse,
+    out_dtype,
+    out_nhd,
+    pv_accum,
+):
+    b, hq, nq, _ = q_int8.shape
+    return _attn_outputs(q_int8, b, hq, nq, v_scale.shape[-1], out_dtype, out_nhd, return_lse)
+
+
+def _register_sm89() -> None:
+    if not _import(_SM89_MODULE):
+        return
+    torch.library.register_fake("sageattention::qk_int8_sv_f8_attn_sm89")(_fake_qk_int8_sv_f8_attn_sm89)
+    _registered[_SM89_MODULE] = True
 
 
 def _fake_qk_int8_sv_f8_attn_sm90(
@@ -93,5 +175,7 @@ def unavailable_reason(module: str = _SM80_MODULE) -> str | None:
     return _reasons.get(module)
 
 
+_register_fused()
 _register_sm80()
+_register_sm89()
 _register_sm90()

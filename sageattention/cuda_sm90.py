@@ -11,6 +11,11 @@ One call quantizes with the compiled fused ops and attends:
 * the attention kernel, whose output is stored like ``q`` (NHD memory for an NHD caller).
 
 It computes what ``sage_ref(q, k, v, pv=PVDtype.FP8, block_m=1, block_n=128, ...)`` computes.
+
+The kernel has three schedules of the same arithmetic (``csrc/sm90/attn.h``, ``Sm90Schedule``):
+``serial``, ``overlap`` and ``pingpong`` (the default). The environment variable
+``SAGEATTN_SM90_SCHEDULE`` names another one; the kernel's launcher reads it at every call, so a
+benchmark can compare them in one process. Any other value makes the op raise ("invalid argument").
 """
 
 from __future__ import annotations

@@ -123,17 +123,28 @@ def _here() -> str | None:
     return None
 
 
+def _cuda_dense(arch: str) -> Callable:
+    """The dense entry point of an arch family's compiled kernels (ops.cuda_attention, looked up at
+    call time)."""
+
+    def dense(q, k, v, **kwargs):
+        return ops.cuda_attention(q, k, v, arch=arch, **kwargs)
+
+    dense.__name__ = dense.__qualname__ = f"cuda_{arch}_attention"
+    return dense
+
+
 CUDA_SM90 = Backend(
-    "cuda_sm90", "CUDA sm90 kernel (INT8 QK, FP8 PV, wgmma)", PVDtype.FP8, ops.cuda_attention, None,
+    "cuda_sm90", "CUDA sm90 kernel (INT8 QK, FP8 PV, wgmma)", PVDtype.FP8, _cuda_dense("sm90"), None,
     _cuda("sm90"), min_capability=(9, 0), exact_capability=(9, 0), compiled=True,
 )  # fmt: skip
 CUDA_SM89 = Backend(
-    "cuda_sm89", "CUDA sm89 kernel (INT8 QK, FP8 PV)", PVDtype.FP8, ops.cuda_attention, None,
+    "cuda_sm89", "CUDA sm89 kernel (INT8 QK, FP8 PV, mma.sync)", PVDtype.FP8, _cuda_dense("sm89"), None,
     _cuda("sm89"), min_capability=(8, 9), compiled=True,
 )  # fmt: skip
 CUDA_SM80 = Backend(
-    "cuda_sm80", "CUDA sm80 kernel (INT8 QK, FP16 PV)", PVDtype.FP16, ops.cuda_attention, None,
-    _cuda("sm80"), min_capability=(8, 0), compiled=True,
+    "cuda_sm80", "CUDA sm80 kernel (INT8 QK with two-level K, FP16 PV)", PVDtype.FP16, _cuda_dense("sm80"),
+    None, _cuda("sm80"), min_capability=(8, 0), compiled=True,
 )  # fmt: skip
 TRITON_FP8 = Backend(
     "triton_fp8", "Triton (INT8 QK, FP8 PV)", PVDtype.FP8, ops.triton_attention, ops.triton_varlen,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import warnings
 from types import ModuleType
 
 import torch
@@ -83,9 +84,8 @@ def fused_quant_unavailable_reason() -> str | None:
     return None if module is not None else f"sageattention.{FUSED_EXTENSION} could not be imported ({reason})"
 
 
-#: Arch families whose compiled kernels serve ``sageattn`` in this version (the others are built and
-#: tested as ops, and wait for their Python wiring).
-WIRED_EXTENSIONS = ("sm90",)
+#: Arch families whose compiled kernels serve ``sageattn`` (and the named CUDA variants) in this version.
+WIRED_EXTENSIONS = ("sm80", "sm89", "sm90")
 
 
 def cuda_unavailable_reason(arch: str) -> str | None:
@@ -98,23 +98,68 @@ def cuda_unavailable_reason(arch: str) -> str | None:
     return fused_quant_unavailable_reason()  # the kernels read what the fused quantization ops write
 
 
-def cuda_attention(q, k, v, *, attn_mask, is_causal, sm_scale, return_lse, smooth_k, pv, options):
-    """Quantized attention on HND views through the compiled sm_90a kernel: (out like q, lse or None).
+#: pv_accum_dtype (quant.PVAccum values) -> the accumulation each mma.sync kernel runs. None (sageattn
+#: without the option) takes the first entry's kernel default below; a value a kernel does not have
+#: maps to its nearest (the named variants accept only the kernel's own values, core.py).
+_SM80_ACCUM = {"fp32": "fp32", "fp32+fp32": "fp32", "fp16+fp32": "fp16+fp32", "fp16": "fp16+fp32",
+               "fp32+fp16": "fp16+fp32"}  # fmt: skip
+_SM89_ACCUM = {"fp32": "fp32", "fp32+fp32": "fp32+fp32", "fp32+fp16": "fp32+fp16", "fp16+fp32": "fp32+fp16",
+               "fp16": "fp32+fp16"}  # fmt: skip
 
-    Head dims that are not a multiple of 8 (the kernel stores 16-byte rows) go through the Triton FP8
-    kernels, which compute the same quantized attention."""
-    del pv
+
+_fp16_accum_warned: list = []  # the fallback below warns once per process
+
+
+def _pv_accum(arch: str, options: dict) -> str:
+    """The kernel's accumulation for the pv_accum option (a quant.PVAccum or None)."""
+    accum = options.get("pv_accum")
+    if arch == "sm80":
+        return "fp32" if accum is None else _SM80_ACCUM[accum.value]
+    from .cuda_sm89 import fp16_accum_available  # noqa: PLC0415 - reads the built extension
+
+    # sm89's own default is "fp32+fp16" (FP16 accumulation runs the FP8 MMA at twice the rate on sm89
+    # GeForce and workstation GPUs); a build made with CUDA < 12.8 lacks it and runs "fp32+fp32".
+    chosen = "fp32+fp16" if accum is None else _SM89_ACCUM[accum.value]
+    if chosen == "fp32+fp16" and not fp16_accum_available():
+        if accum is not None and not torch.compiler.is_compiling() and not _fp16_accum_warned:
+            _fp16_accum_warned.append(True)
+            warnings.warn(
+                f"sageattention: pv_accum_dtype={accum.value!r} runs as 'fp32+fp32': "
+                f"sageattention.{COMPILED_EXTENSIONS['sm89']} was built with a CUDA older than 12.8, which "
+                "lacks the FP16-accumulating FP8 MMA",
+                stacklevel=4,
+            )
+        chosen = "fp32+fp32"
+    return chosen
+
+
+def cuda_attention(q, k, v, *, arch, attn_mask, is_causal, sm_scale, return_lse, smooth_k, pv, options):
+    """Quantized attention on HND views through the compiled kernels of an arch family ("sm80":
+    FP16 P·V with two-level K, "sm89": FP8 P·V with mma.sync, "sm90": FP8 P·V with wgmma): (out like q,
+    lse or None). ``options["pv_accum"]`` picks the accumulation of the sm80/sm89 kernels (_pv_accum).
+
+    Head dims that are not a multiple of 8 (the kernels store 16-byte rows) go through the Triton
+    kernels of the same P·V precision, which compute the same quantized attention."""
     if attn_mask is not None:
         raise AssertionError("dispatch routes masked calls to the Triton kernels")
     if q.shape[-1] % 8:
         return triton_attention(q, k, v, attn_mask=None, is_causal=is_causal, sm_scale=sm_scale,
-                                return_lse=return_lse, smooth_k=smooth_k, pv=PVDtype.FP8,
-                                options={})  # fmt: skip
-    from .cuda_sm90 import attention_sm90  # noqa: PLC0415 - imports torch.ops of the built extension
-
+                                return_lse=return_lse, smooth_k=smooth_k, pv=pv, options={})  # fmt: skip
+    args = {"is_causal": is_causal, "sm_scale": sm_scale, "smooth_k": smooth_k, "return_lse": return_lse}
     with _on_device(q):
-        return attention_sm90(q, k, v, is_causal=is_causal, sm_scale=sm_scale, smooth_k=smooth_k,
-                              return_lse=return_lse)  # fmt: skip
+        if arch == "sm80":
+            from .cuda_sm80 import attention_sm80  # noqa: PLC0415 - imports torch.ops of the built extension
+
+            return attention_sm80(q, k, v, pv_accum=_pv_accum(arch, options), **args)
+        if arch == "sm89":
+            from .cuda_sm89 import attention_sm89  # noqa: PLC0415 - imports torch.ops of the built extension
+
+            return attention_sm89(q, k, v, pv_accum=_pv_accum(arch, options), **args)
+        if arch == "sm90":
+            from .cuda_sm90 import attention_sm90  # noqa: PLC0415 - imports torch.ops of the built extension
+
+            return attention_sm90(q, k, v, **args)
+    raise ValueError(f"arch={arch!r} has no compiled kernels; valid values: {', '.join(COMPILED_EXTENSIONS)}")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -89,11 +89,12 @@ __global__ void quant_q_kernel(const T* __restrict__ q, Strides3 qs, int heads, 
   }
 }
 
-// One CTA per block of `block` tokens; warp w takes tokens w, w + 8, ...
+// One CTA per block of `block` tokens; warp w takes tokens w, w + 8, ... k_residual non-null: two-level
+// K (quant.h).
 template <typename T, int E>
 __global__ void quant_k_kernel(const T* __restrict__ k, Strides3 ks, int heads, int n, int head_dim, int block,
                                const float* __restrict__ k_mean, int8_t* __restrict__ k_int8,
-                               float* __restrict__ k_scale) {
+                               int8_t* __restrict__ k_residual, float* __restrict__ k_scale) {
   __shared__ float warp_amax[kWarps];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int h = blockIdx.y, b = blockIdx.z;
@@ -124,13 +125,27 @@ __global__ void quant_k_kernel(const T* __restrict__ k, Strides3 ks, int heads, 
   const float inv = inv_scale(kInt8Max, amax);
   const int64_t row0 = (static_cast<int64_t>(b) * heads + h) * n;
   for (int64_t t = first + warp; t < last; t += kWarps) {
-    int8_t* dst = k_int8 + (row0 + t) * (E * kWarp) + lane * E;
+    const int64_t off = (row0 + t) * (E * kWarp) + lane * E;
+    if (k_residual == nullptr) {
 #pragma unroll
-    for (int e = 0; e < E; ++e) dst[e] = to_int8(load(t, e), inv);
+      for (int e = 0; e < E; ++e) k_int8[off + e] = to_int8(load(t, e), inv);
+    } else {
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const float x = load(t, e);
+        // |x * inv| <= 127 (1 + 2^-23): rint stays within INT8, and the residual within +-0.5, so
+        // 254 * residual rounds to at most 127 in magnitude. The clamps of to_int8 never act.
+        const float k1 = rintf(__fmul_rn(x, inv));
+        const float rest = fmaf(x, inv, -k1);  // the exact x * inv - k1, rounded once
+        k_int8[off + e] = static_cast<int8_t>(k1);
+        k_residual[off + e] = to_int8(rest, static_cast<float>(kKResidualMul));
+      }
+    }
   }
   if (threadIdx.x == 0) {
     const int nblk = (n + block - 1) / block;
-    k_scale[(static_cast<int64_t>(b) * heads + h) * nblk + blockIdx.x] = __fmul_rn(amax, 1.0f / kInt8Max);
+    const float scale = k_residual == nullptr ? __fmul_rn(amax, 1.0f / kInt8Max) : __fmul_rn(amax, kKResidualScale);
+    k_scale[(static_cast<int64_t>(b) * heads + h) * nblk + blockIdx.x] = scale;
   }
 }
 
@@ -196,10 +211,11 @@ struct QLaunch {
 template <typename T, int E>
 struct KLaunch {
   static cudaError_t run(const void* k, Strides3 ks, int batch, int heads, int n, int head_dim, int block,
-                         const float* k_mean, int8_t* k_int8, float* k_scale, cudaStream_t stream) {
+                         const float* k_mean, int8_t* k_int8, int8_t* k_residual, float* k_scale,
+                         cudaStream_t stream) {
     const dim3 grid((n + block - 1) / block, heads, batch);
     quant_k_kernel<T, E><<<grid, kThreads, 0, stream>>>(static_cast<const T*>(k), ks, heads, n, head_dim, block,
-                                                        k_mean, k_int8, k_scale);
+                                                        k_mean, k_int8, k_residual, k_scale);
     return cudaGetLastError();
   }
 };
@@ -227,8 +243,9 @@ cudaError_t launch_quant_q_per_token(const void* q, HalfType type, Strides3 qs, 
 
 cudaError_t launch_quant_k_per_block(const void* k, HalfType type, Strides3 ks, int batch, int heads, int n,
                                      int head_dim, int d_pad, int block, const float* k_mean, int8_t* k_int8,
-                                     float* k_scale, cudaStream_t stream) {
-  return dispatch<KLaunch>(type, d_pad, k, ks, batch, heads, n, head_dim, block, k_mean, k_int8, k_scale, stream);
+                                     int8_t* k_residual, float* k_scale, cudaStream_t stream) {
+  return dispatch<KLaunch>(type, d_pad, k, ks, batch, heads, n, head_dim, block, k_mean, k_int8, k_residual,
+                           k_scale, stream);
 }
 
 cudaError_t launch_quant_v_fp8_transposed(const void* v, HalfType type, Strides3 vs, int batch, int heads, int n,

@@ -19,9 +19,14 @@ cudaError_t launch_quant_q_per_token(const void* q, HalfType type, Strides3 qs, 
 
 // INT8 K with one scale per block of `block` tokens, after subtracting k_mean (when non-null).
 // k_int8: [B, H, N, d_pad] contiguous; k_scale: [B, H, ceil(N / block)] contiguous.
+//
+// Two-level K when k_residual ([B, H, N, d_pad] contiguous) is non-null: k1 = rint(x * (127 / amax))
+// into k_int8 as above, then the rounding residual as one fused multiply-add, fma(x, 127 / amax, -k1),
+// times 254 and rounded: k2 into k_residual; k_scale = amax * kKResidualScale (sage_types.h). Bit for
+// bit the Triton kernel's and quantize_per_block_ref(residual=True)'s digits and scale.
 cudaError_t launch_quant_k_per_block(const void* k, HalfType type, Strides3 ks, int batch, int heads, int n,
                                      int head_dim, int d_pad, int block, const float* k_mean, int8_t* k_int8,
-                                     float* k_scale, cudaStream_t stream);
+                                     int8_t* k_residual, float* k_scale, cudaStream_t stream);
 
 // FP8 e4m3 V per channel, transposed: vt[b, h, d, token] = fp8(v * 448 / v_amax[b, h, d]).
 // vt: [B, H, d_pad, n_pad] contiguous (n_pad >= N); v_amax: [B, H, D] contiguous float32. Every
@@ -31,10 +36,11 @@ cudaError_t launch_quant_k_per_block(const void* k, HalfType type, Strides3 ks, 
 // r = 0..3) holds token 8 * (r / 2) + 2q + (r % 2) of the group:
 //     slot  0  1  2  3  4  5  6  7  8  9 10 11 12 13 14 15
 //     token 0  1  8  9  2  3 10 11  4  5 12 13  6  7 14 15
-// This is the Vᵀ the sm_90a kernel (csrc/sm90) multiplies with: its P fragment takes a thread's
-// FP32 accumulator values, which cover tokens {2q, 2q+1, 8+2q, 9+2q} of each 16, in their natural
-// order into wgmma's 8-bit A slots k = {4q..4q+3}; permuting V's tokens the same way makes every
-// product pair the right P and V. sageattention.reference.permute_keys_sm90 is the same map.
+// This is the Vᵀ the FP8 P·V kernels multiply with (csrc/sm90 with wgmma, csrc/sm89 with mma.sync
+// m16n8k32, whose register fragments are laid out alike): their P fragment takes a thread's FP32
+// accumulator values, which cover tokens {2q, 2q+1, 8+2q, 9+2q} of each 16, in their natural order
+// into the 8-bit A slots k = {4q..4q+3}; permuting V's tokens the same way makes every product pair
+// the right P and V. sageattention.reference.permute_keys_sm90 is the same map.
 cudaError_t launch_quant_v_fp8_transposed(const void* v, HalfType type, Strides3 vs, int batch, int heads,
                                           int n, int head_dim, int d_pad, int n_pad, const float* v_amax,
                                           uint8_t* vt, bool permute_keys, cudaStream_t stream);

@@ -1,4 +1,5 @@
-// Shared-memory barriers (mbarrier, sm_90 and newer) for producer/consumer pipelines.
+// Shared-memory barriers (mbarrier, sm_90 and newer) for producer/consumer pipelines, and the named
+// CTA barriers (bar.sync / bar.arrive with an id) that order work between warpgroups.
 //
 // An mbarrier completes a phase when its pending arrival count reaches zero AND its pending
 // transaction count (bytes announced with expect_tx and delivered by TMA with complete_tx) reaches
@@ -59,6 +60,18 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       "}\n" ::"r"(addr),
       "r"(parity)
       : "memory");
+}
+
+// Named barriers: 16 per CTA, id 0 is __syncthreads'. A phase completes when `count` threads (a
+// multiple of 32, counted by whole warps) have reached it with either call: bar.sync blocks until
+// then, bar.arrive does not. Two warpgroups take turns with a pair of them (one waits on its own id,
+// the other arrives on it), which is how one warpgroup's softmax is made to overlap the other's MMAs.
+__device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
 }  // namespace sage

@@ -11,35 +11,66 @@
 //   warpgroup 0, the producer: one thread issues every TMA copy (Q once, then K and Vᵀ tiles into a
 //     ring of kStages stages); its registers are given back with setmaxnreg.dec (24 per thread).
 //   warpgroups 1 and 2, the consumers: 64 query rows each (the wgmma M), so a CTA covers 128 rows
-//     and every K/Vᵀ tile it loads serves 128 rows. setmaxnreg.inc raises them to 240 registers:
-//     at D = 128 a consumer thread holds the output accumulator (64 f32), the block's P·V
-//     accumulator (64 f32) and P (16 x 4 FP8), or the scores (64 s32) while the softmax runs.
+//     and every K/Vᵀ tile it loads serves 128 rows. setmaxnreg.inc raises them to 240 registers.
 //   Budget: (24 + 2 x 240) x 128 = 64512 of the SM's 65536 registers, hence one CTA per SM
-//   (__launch_bounds__(384, 1), which launches at 168 per thread: 65536 / 384 rounded down to 8);
-//   shared memory is sized for that. ptxas fits this sequential version in the 168 (no spills);
-//   the 240 are the room that overlapping two blocks' accumulators will need.
+//   (__launch_bounds__(384, 1); ptxas reports the 168 = 65536 / 384 rounded down to 8 that the
+//   launch needs, and allocates the consumer code after setmaxnreg.inc within the 240).
+//
+// Why the schedule matters (numbers per 128-key block of a 128-row CTA, D = 128): the MMAs are
+// 2 x 128 x 128 x 128 x 2 = 8.4 M ops, 1024 cycles of the SM's 8192 dense 8-bit ops per cycle
+// (1979 TOPS / 132 SMs / 1.83 GHz); the softmax needs 16384 exp2, 1024 cycles of the SM's 16
+// MUFU lanes, plus ~6 other instructions per score. Done one after the other (kSerial) the
+// tensor cores idle at least half of the time; the schedules (attn.h, Sm90Schedule) overlap them:
+//   kOverlap (per consumer warpgroup, block j): issue Q·Kᵀ of block j+1 and P·V of block j
+//     (P_j from registers), wait for the Q·Kᵀ only (wgmma.wait_group 1), run the softmax of j+1
+//     while P·V of j is still on the tensor cores, then wait for it, promote it into O and pack
+//     P_j+1 (P_j's registers are read by the wgmma until that wait).
+//   kPingPong: kOverlap, and the two consumer warpgroups issue their MMAs in turns (two named
+//     barriers), so one warpgroup's softmax runs while the other's MMAs occupy the tensor cores
+//     instead of both competing for the MUFU and the tensor cores at the same moments.
+// Registers of a consumer thread in the overlapped loop at D = 128: O (64 f32), the in-flight P·V
+// accumulator (64 f32), the scores (64 s32, turned into f32 in place) and P_j in flight (16): 208
+// + addressing; ptxas fits it in R0..R237 of the 240, no spills, because the masked softmax (only
+// the last block needs it) lives in a copy of the last step peeled off the loop (with it inside
+// the loop, the causal kernel spilled 156 bytes).
+// Two ptxas behaviours shape the code (tests/unit/test_cuda_compile_sm90.py checks both in SASS):
+// packing P_j+1 into a second buffer during the softmax (then copying it) makes ptxas serialize
+// every wgmma (C7513), hence the packing after the wait; and ptxas hoists the P·V wait above the
+// softmax unless something pins the softmax before it (a shared-memory store, see the loop).
+//
+// Softmax cost per score (non-masked blocks): I2FP (int32 -> f32, exact below 2^24: |dot| <=
+// 128 x 128^2 = 2^21), FMNMX for the row max, one FFMA x * (q_scale k_scale) + (log2(448) - m),
+// MUFU.EX2 (ex2.approx.ftz), FADD for the row sum, half an F2FP pack to e4m3, plus one FFMA per
+// output element for the promotion: 565 SASS instructions per thread and block at D = 128 (the
+// sequential version before this one: 796, 925 causal, with a multiply for the scale, a subtract,
+// a multiply by 448 and the mask's compare and select on every score of every block). Folding the
+// 448 of the FP8 range into the exponent makes exp2 return 448 P directly; the row sum is then
+// 448 l, and the end divides by it (the reference divides by l * 448). The extra rounding (one FFMA
+// instead of a multiply, a subtract and a multiply) moves the exponent by a few float32 ulps, the
+// size of ex2.approx's own error. The max is taken over the raw products and scaled once per row:
+// round(x * scale) is monotonic in x for scale >= 0, so this is exactly the reference's max of the
+// rounded scores. Masks (-inf) are applied only in the blocks that straddle Nk or the causal
+// diagonal (the last block of a CTA), by a warp-uniform branch.
 //
 // Pipeline. Per stage: a full barrier for K, one for Vᵀ (so Q·Kᵀ starts before Vᵀ has landed),
 // and an empty barrier that the 8 consumer warps arrive on once both of their wgmma groups reading
 // the stage have completed. The producer refills a stage only after its empty barrier completes.
-// Each consumer step is sequential for now (Q·Kᵀ, wait, softmax, P·V, wait): no ping-pong between
-// the two consumer warpgroups and no overlap of one block's softmax with the next block's Q·Kᵀ.
-// Those are the next steps; the stage ring, barriers and per-block structure are laid out for them.
 //
 // Shared memory (bytes), all tiles K-major and written by TMA with the swizzle the wgmma
 // descriptors name, each tile aligned to its 1024-byte swizzle atom:
 //   Q  128 rows x D                    16384 (D = 128) /  8192 (D = 64)
 //   K  kStages x 128 keys x D          65536           / 32768
 //   Vᵀ kStages x D channels x 128 keys 65536           / 32768
-//   barriers 13 x 8, alignment slack 1024: total 148584 / 74856, below the 227 KiB limit.
+//   barriers 13 x 8 in 128, the softmax anchor 256 x 8 (see the loop), alignment slack 1024:
+//   total 150656 / 76928, below the 227 KiB limit.
 // Rows are D bytes: D = 128 uses the 128-byte swizzle, D = 64 the 64-byte one (a TMA box row may
 // not exceed the swizzle span). Vᵀ rows are 128 keys = 128 bytes: 128-byte swizzle for both D.
 //
 // Masking. Rows and keys past the tensors' extents arrive zero-filled (TMA), and Vᵀ's keys from Nk
 // to n_pad are zeros written by quant_v_fp8, so every tile is finite (0 * NaN would be NaN in
-// P·V). Keys past Nk and, for causal attention, keys after the query are set to -inf before the
-// softmax, only in blocks that straddle the end or the diagonal. Causal CTAs skip key blocks
-// entirely above the diagonal, and blockIdx.x runs each head's heaviest (last) row blocks first.
+// P·V). Keys past Nk and, for causal attention, keys after the query get P = 0 (exp2(-inf)), only in
+// blocks that straddle the end or the diagonal. Causal CTAs skip key blocks entirely above the
+// diagonal, and blockIdx.x runs each head's heaviest (last) row blocks first.
 //
 // Vᵀ layout. The FP32 accumulator gives a thread the scores of keys {2q, 2q+1, 8+2q, 9+2q} (+16,
 // ...) of a row, while wgmma's 8-bit A fragment wants k = {4q..4q+3}. Rather than shuffling P
@@ -53,6 +84,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "sage_mbarrier.cuh"
 #include "sage_tma.cuh"
@@ -73,7 +106,15 @@ constexpr int kProducerRegs = 24;                          // setmaxnreg targets
 constexpr int kConsumerRegs = 240;
 constexpr int kConsumerWarps = kConsumerWgs * kWgThreads / 32;  // arrivals per empty-barrier phase
 constexpr int kWgmmaK = 32;                                // bytes of K per 8-bit wgmma
+constexpr int kSTiles = kBlockN / 8;                       // 16 n8 column tiles of the score accumulator
+constexpr int kSRegs = kBlockN / 2;                        // 64 score registers per thread
+constexpr int kPSteps = kBlockN / kWgmmaK;                 // 4 P·V wgmmas (k32) per block
 constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kLog2Fp8Max = 8.807354922057604f;          // log2(448): exp2(x + this) = 448 exp2(x)
+// Named barrier ids of the ping-pong (0 is __syncthreads'): consumer warpgroup w waits on
+// kTurnBarrier + w before issuing its MMAs, the other warpgroup arrives on it after issuing its own.
+constexpr uint32_t kTurnBarrier = 1;
+constexpr uint32_t kTurnThreads = kConsumerWgs * kWgThreads;
 
 // Shared-memory layout for head dim (d_pad) D; offsets in bytes from a 1024-aligned base.
 template <int D>
@@ -86,7 +127,8 @@ struct Smem {
   static constexpr int kK = kQ + kQBytes;
   static constexpr int kV = kK + kStages * kKBytes;
   static constexpr int kBar = kV + kStages * kVBytes;
-  static constexpr int kBytes = kBar + (1 + 3 * kStages) * 8;
+  static constexpr int kAnchor = kBar + 128;  // 8 bytes per consumer thread, written, never read
+  static constexpr int kBytes = kAnchor + kConsumerWgs * kWgThreads * 8;
   static constexpr int kAlloc = kBytes + kAtom;  // the dynamic base is only 16-byte aligned
   static_assert(kQBytes % kAtom == 0 && kKBytes % kAtom == 0 && kVBytes % kAtom == 0, "tiles keep atom alignment");
   static_assert(kAlloc <= 227 * 1024, "above the sm_90 shared-memory limit per CTA");
@@ -118,6 +160,18 @@ struct OutPair<__nv_bfloat16> {
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
+// One MUFU.EX2: exp2f without its range handling (what --use_fast_math gives, spelled out so the
+// build flags cannot change it). ftz: results below 2^-126 are 0, far below e4m3's smallest 2^-9.
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ void store_shared_f32x2(uint32_t addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
+
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -128,15 +182,97 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-template <int D, bool kCausal, typename OutT>
+// S = Q Kᵀ of one block in INT32: D / 32 wgmmas, K advancing 32 bytes along the (swizzled) rows.
+template <int D>
+__device__ __forceinline__ void issue_qk(int32_t (&s)[kSRegs], uint64_t desc_q, uint64_t desc_k) {
+  wgmma_m64n128k32_s32_s8<false>(s, desc_q, desc_k);
+#pragma unroll
+  for (int kk = 1; kk < D / kWgmmaK; ++kk) wgmma_m64n128k32_s32_s8<true>(s, desc_q + 2 * kk, desc_k + 2 * kk);
+}
+
+// O_blk = P Vᵀᵀ of one block into a fresh FP32 accumulator (the promotion step).
+template <int D>
+__device__ __forceinline__ void issue_pv(float (&pv)[D / 2], const uint32_t (&pa)[kPSteps][4], uint64_t desc_v) {
+  wgmma_m64nNk32_f32_e4m3<D, false>(pv, pa[0], desc_v);
+#pragma unroll
+  for (int kk = 1; kk < kPSteps; ++kk) wgmma_m64nNk32_f32_e4m3<D, true>(pv, pa[kk], desc_v + 2 * kk);
+}
+
+// Online softmax of one 128-key block for this thread's two rows (i = 0: row `group`, 1: row
+// group + 8 of its warp's 16). In: the INT32 scores, scale[i] = q_scale * k_scale of the block
+// (log2 domain). kMask: key 8c + 2 quad + (e & 1) of column tile c is visible iff
+// 8c + (e & 1) <= limit[i] (limit = last visible key - n0 - 2 quad). Out: x = 448 P in the
+// accumulator layout, alpha[i] = exp2(old max - new max) for the output; m_run and l_part (this
+// thread's share of 448 x the row sum) updated.
+template <bool kMask>
+__device__ __forceinline__ void softmax_block(const int32_t (&s)[kSRegs], const float (&scale)[2],
+                                              const int (&limit)[2], float (&m_run)[2], float (&l_part)[2],
+                                              float (&alpha)[2], float (&x)[kSRegs]) {
+#pragma unroll
+  for (int j = 0; j < kSRegs; ++j) {
+    x[j] = static_cast<float>(s[j]);  // exact: |s| <= 2^21
+    if (kMask && 8 * (j / 4) + (j & 1) > limit[(j / 2) % 2]) x[j] = neg_inf();
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    // Row max over the raw products: four partial maxima keep the dependency chains short.
+    float mx[4] = {x[2 * i], x[2 * i + 1], x[4 + 2 * i], x[5 + 2 * i]};
+#pragma unroll
+    for (int c = 2; c < kSTiles; c += 2) {
+      mx[0] = fmaxf(mx[0], x[4 * c + 2 * i]);
+      mx[1] = fmaxf(mx[1], x[4 * c + 2 * i + 1]);
+      mx[2] = fmaxf(mx[2], x[4 * c + 4 + 2 * i]);
+      mx[3] = fmaxf(mx[3], x[4 * c + 5 + 2 * i]);
+    }
+    const float m_raw = quad_max(fmaxf(fmaxf(mx[0], mx[1]), fmaxf(mx[2], mx[3])));
+    // Scaled once: max_j round(x_j * scale) = round(max_j x_j * scale) for scale >= 0. A row with
+    // every key masked has m_raw = -inf, and -inf * 0 = NaN when its scale is 0: fmaxf drops it.
+    const float m_new = fmaxf(m_run[i], m_raw * scale[i]);
+    const float m_safe = m_new == neg_inf() ? 0.0f : m_new;  // a row that has seen no key yet
+    alpha[i] = ex2_approx(m_run[i] - m_safe);
+    m_run[i] = m_new;
+    const float shift = kLog2Fp8Max - m_safe;
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int c = 0; c < kSTiles; ++c) {
+#pragma unroll
+      for (int e = 2 * i; e < 2 * i + 2; ++e) {
+        const int j = 4 * c + e;
+        float arg = fmaf(x[j], scale[i], shift);
+        // Masked again after the FFMA: -inf * scale is NaN when the scale is 0 (an all-zero row of
+        // Q or block of K), and such a key must still get P = 0.
+        if (kMask && 8 * c + (e & 1) > limit[i]) arg = neg_inf();
+        x[j] = ex2_approx(arg);  // 448 P
+        sum[(c % 2) * 2 + (e & 1)] += x[j];
+      }
+    }
+    l_part[i] = l_part[i] * alpha[i] + ((sum[0] + sum[1]) + (sum[2] + sum[3]));
+  }
+}
+
+// 448 P in e4m3, packed in the accumulator's order (Vᵀ's keys are permuted to match): for k step kk
+// (keys 32kk..32kk+31) a[0]/a[2] take row `group`'s values of column tiles 4kk, 4kk+1 / 4kk+2,
+// 4kk+3, a[1]/a[3] those of row group + 8.
+__device__ __forceinline__ void pack_p(const float (&x)[kSRegs], uint32_t (&pa)[kPSteps][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kPSteps; ++kk) {
+    const float* y = x + 16 * kk;
+    pa[kk][0] = pack_e4m3x4(y[0], y[1], y[4], y[5]);
+    pa[kk][1] = pack_e4m3x4(y[2], y[3], y[6], y[7]);
+    pa[kk][2] = pack_e4m3x4(y[8], y[9], y[12], y[13]);
+    pa[kk][3] = pack_e4m3x4(y[10], y[11], y[14], y[15]);
+  }
+}
+
+template <int D, bool kCausal, typename OutT, Sm90Schedule kSchedule>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_int8_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const AttnSm90Args p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Smem<D>;
-  constexpr int kSTiles = kBlockN / 8;   // 16 n8 column tiles of the score accumulator
-  constexpr int kOTiles = D / 8;         // n8 column tiles of the output accumulator
-  constexpr int kPSteps = kBlockN / kWgmmaK;  // 4 P·V wgmmas per block
+  constexpr int kOTiles = D / 8;  // n8 column tiles of the output accumulator
+  constexpr bool kOverlap = kSchedule != Sm90Schedule::kSerial;
+  constexpr bool kPingPong = kSchedule == Sm90Schedule::kPingPong;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + L::kAtom - 1) &
                                              ~static_cast<uintptr_t>(L::kAtom - 1));
@@ -204,114 +340,167 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float* ks_base = p.k_scale + b * p.k_scale_strides.b + hk * p.k_scale_strides.h;
 
   const uint32_t smem_u32 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t anchor = smem_u32 + L::kAnchor + (threadIdx.x - kWgThreads) * 8;  // this thread's slot
   const uint64_t desc_q = wgmma_desc(smem_u32 + L::kQ + cw * kWgRows * D, L::kQKGroupBytes, L::kQKSwizzle);
+  // A descriptor's low 14 bits are the address / 16, and shared addresses stay below 2^18 (228 KiB):
+  // moving a descriptor to another stage is an add, with no carry out of the field.
+  const uint64_t desc_k0 = wgmma_desc(smem_u32 + L::kK, L::kQKGroupBytes, L::kQKSwizzle);
+  const uint64_t desc_v0 = wgmma_desc(smem_u32 + L::kV, L::kVGroupBytes, WgmmaSwizzle::k128B);
+  const auto desc_k = [&](int stage) { return desc_k0 + static_cast<uint64_t>(stage * (L::kKBytes >> 4)); };
+  const auto desc_v = [&](int stage) { return desc_v0 + static_cast<uint64_t>(stage * (L::kVBytes >> 4)); };
+  const auto k_scale_of = [&](int blk) { return __ldg(ks_base + blk * p.k_scale_strides.n); };
 
   float o[D / 2];  // output accumulator, wgmma m64nD layout
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
   float m_run[2] = {neg_inf(), neg_inf()};
-  float l_part[2] = {0.0f, 0.0f};  // this thread's share of the row sum; reduced over the quad at the end
+  float l_part[2] = {0.0f, 0.0f};  // this thread's share of 448 x the row sum; reduced over the quad at the end
 
-  mbar_wait(&bar.q_full, 0);
-  for (int blk = 0; blk < n_blocks; ++blk) {
-    const int stage = blk % kStages;
-    const uint32_t parity = (blk / kStages) & 1;
-    const int n0 = blk * kBlockN;
-
-    // S = Q Kᵀ in INT32: D / 32 wgmmas, K advancing 32 bytes along the (swizzled) rows.
-    mbar_wait(&bar.k_full[stage], parity);
-    const uint64_t desc_k =
-        wgmma_desc(smem_u32 + L::kK + stage * L::kKBytes, L::kQKGroupBytes, L::kQKSwizzle);
-    int32_t s_int[kSTiles * 4];
-    wgmma_fence();
-    wgmma_m64n128k32_s32_s8<false>(s_int, desc_q, desc_k);
+  // Softmax of block `blk` whose scores are in s. Only the last block of a CTA can hold masked keys:
+  // every earlier block ends before key m0, the CTA's first row (causal: kv_end <= m0 + 128, and
+  // block starts and m0 are multiples of 128), and before Nk. The last block takes the masked
+  // variant (correct for any block), the others skip its compares and selects. `masked` is a
+  // constant at every call site of the overlapped schedules, so the branch folds away there.
+  const auto softmax = [&](int blk, float k_scale, const int32_t(&s)[kSRegs], float(&alpha)[2],
+                           float(&x)[kSRegs], bool masked) {
+    const float scale[2] = {q_scale[0] * k_scale, q_scale[1] * k_scale};  // the product first, as sage_ref
+    if (masked) {
+      const int n0 = blk * kBlockN;
+      int limit[2];
 #pragma unroll
-    for (int kk = 1; kk < D / kWgmmaK; ++kk) {
-      wgmma_m64n128k32_s32_s8<true>(s_int, desc_q + 2 * kk, desc_k + 2 * kk);
+      for (int i = 0; i < 2; ++i) limit[i] = (kCausal ? min(p.nk - 1, row[i]) : p.nk - 1) - n0 - 2 * quad;
+      softmax_block<true>(s, scale, limit, m_run, l_part, alpha, x);
+    } else {
+      const int limit[2] = {0, 0};  // unused
+      softmax_block<false>(s, scale, limit, m_run, l_part, alpha, x);
     }
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(s_int);
-
-    // Scale into the log2 domain (the product q_scale * k_scale first, as sage_ref), mask, softmax.
-    const float k_scale = __ldg(ks_base + blk * p.k_scale_strides.n);
-    const float qk_scale[2] = {q_scale[0] * k_scale, q_scale[1] * k_scale};
-    const bool edge = n0 + kBlockN > p.nk || (kCausal && n0 + kBlockN - 1 > warp_row0);
-    float s[kSTiles * 4];
-#pragma unroll
-    for (int c = 0; c < kSTiles; ++c) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = static_cast<float>(s_int[4 * c + e]) * qk_scale[e / 2];
-        if (edge) {
-          const int key = n0 + c * 8 + quad * 2 + (e & 1);
-          const bool visible = key < p.nk && (!kCausal || key <= row[e / 2]);
-          x = visible ? x : neg_inf();
-        }
-        s[4 * c + e] = x;
-      }
-    }
-    float alpha[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      float mx = m_run[i];
-#pragma unroll
-      for (int c = 0; c < kSTiles; ++c) mx = fmaxf(mx, fmaxf(s[4 * c + 2 * i], s[4 * c + 2 * i + 1]));
-      const float m_new = quad_max(mx);
-      const float m_safe = m_new == neg_inf() ? 0.0f : m_new;  // a row that has seen no key yet
-      alpha[i] = exp2f(m_run[i] - m_safe);
-      m_run[i] = m_new;
-      float sum = 0.0f;
-#pragma unroll
-      for (int c = 0; c < kSTiles; ++c) {
-        s[4 * c + 2 * i] = exp2f(s[4 * c + 2 * i] - m_safe);
-        s[4 * c + 2 * i + 1] = exp2f(s[4 * c + 2 * i + 1] - m_safe);
-        sum += s[4 * c + 2 * i] + s[4 * c + 2 * i + 1];
-      }
-      l_part[i] = l_part[i] * alpha[i] + sum;
-    }
-
-    // P * 448 in e4m3, packed in the accumulator's order (Vᵀ's keys are permuted to match): for
-    // k step kk (keys 32kk..32kk+31) a[0]/a[2] take row `group`'s values of column tiles
-    // 4kk, 4kk+1 / 4kk+2, 4kk+3, a[1]/a[3] those of row group + 8.
-    uint32_t pa[kPSteps][4];
-#pragma unroll
-    for (int kk = 0; kk < kPSteps; ++kk) {
-      const float* x = s + 16 * kk;
-      constexpr float k8 = kFp8E4M3Max;
-      pa[kk][0] = pack_e4m3x4(x[0] * k8, x[1] * k8, x[4] * k8, x[5] * k8);
-      pa[kk][1] = pack_e4m3x4(x[2] * k8, x[3] * k8, x[6] * k8, x[7] * k8);
-      pa[kk][2] = pack_e4m3x4(x[8] * k8, x[9] * k8, x[12] * k8, x[13] * k8);
-      pa[kk][3] = pack_e4m3x4(x[10] * k8, x[11] * k8, x[14] * k8, x[15] * k8);
-    }
-
-    // O_blk = P Vᵀᵀ into a fresh FP32 accumulator (the promotion step), then O = O * alpha + O_blk.
-    mbar_wait(&bar.v_full[stage], parity);
-    const uint64_t desc_v = wgmma_desc(smem_u32 + L::kV + stage * L::kVBytes, L::kVGroupBytes, WgmmaSwizzle::k128B);
-    float pv[D / 2];
-    wgmma_fence();
-    wgmma_m64nNk32_f32_e4m3<D, false>(pv, pa[0], desc_v);
-#pragma unroll
-    for (int kk = 1; kk < kPSteps; ++kk) wgmma_m64nNk32_f32_e4m3<D, true>(pv, pa[kk], desc_v + 2 * kk);
-    wgmma_commit();
-    wgmma_wait<0>();
+  };
+  // O = O * alpha + O_blk, once the P·V wgmma group of the block has completed; then this warp's
+  // last reads of the stage are done: release it to the producer.
+  const auto promote = [&](int stage, const float(&alpha)[2], float(&pv)[D / 2]) {
     fence_operands(pv);
-    // Both wgmma groups that read this stage have completed for this warp: release it.
     __syncwarp();
     if (lane == 0) mbar_arrive(&bar.empty[stage]);
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = fmaf(o[i], alpha[(i / 2) % 2], pv[i]);
+  };
+  // Ping-pong turns: n_blocks + 1 per warpgroup (Q·Kᵀ of block 0; then Q·Kᵀ of j+1 with P·V of j;
+  // then P·V of the last block). Warpgroup 1 goes first: warpgroup 2 arrives on its barrier once
+  // up front and skips its own last arrival, so every barrier phase is completed exactly once.
+  const auto turn_begin = [&]() {
+    if constexpr (kPingPong) named_barrier_sync(kTurnBarrier + cw, kTurnThreads);
+  };
+  const auto turn_end = [&](bool last) {
+    if constexpr (kPingPong) {
+      if (!(last && cw == kConsumerWgs - 1)) named_barrier_arrive(kTurnBarrier + (cw + 1) % kConsumerWgs, kTurnThreads);
+    }
+  };
+  if constexpr (kPingPong) {
+    if (cw == 1) named_barrier_arrive(kTurnBarrier, kTurnThreads);
   }
 
-  // Epilogue: divide by the row sum * 448, multiply by V's channel scale, store the valid rows and
-  // channels, then the LSE.
+  int32_t s[kSRegs];        // Q·Kᵀ accumulator
+  float x[kSRegs];          // 448 P of the block whose softmax ran last
+  float pv[D / 2];          // P·V accumulator of one block
+  uint32_t pa[kPSteps][4];  // P of the block whose P·V is issued next, e4m3
+  float alpha[2];           // the output's rescale before that block's P·V is added
+  mbar_wait(&bar.q_full, 0);
+
+  if constexpr (!kOverlap) {
+    for (int blk = 0; blk < n_blocks; ++blk) {
+      const int stage = blk % kStages;
+      const uint32_t parity = (blk / kStages) & 1;
+      const float k_scale = k_scale_of(blk);
+      mbar_wait(&bar.k_full[stage], parity);
+      wgmma_fence();
+      issue_qk<D>(s, desc_q, desc_k(stage));
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_operands(s);
+      softmax(blk, k_scale, s, alpha, x, blk == n_blocks - 1);
+      pack_p(x, pa);
+      mbar_wait(&bar.v_full[stage], parity);
+      wgmma_fence();
+      issue_pv<D>(pv, pa, desc_v(stage));
+      wgmma_commit();
+      wgmma_wait<0>();
+      promote(stage, alpha, pv);
+    }
+  } else {
+    // Prologue: Q·Kᵀ and softmax of block 0.
+    {
+      const float k_scale = k_scale_of(0);
+      mbar_wait(&bar.k_full[0], 0);
+      turn_begin();
+      wgmma_fence();
+      issue_qk<D>(s, desc_q, desc_k(0));
+      wgmma_commit();
+      turn_end(false);
+      wgmma_wait<0>();
+      fence_operands(s);
+      softmax(0, k_scale, s, alpha, x, n_blocks == 1);
+      pack_p(x, pa);
+    }
+    // Steady state, entered with P and alpha of block blk: P·V of blk, Q·Kᵀ and softmax of blk + 1.
+    const auto step = [&](int blk, bool masked) {
+      const int stage = blk % kStages, next_stage = (blk + 1) % kStages;
+      const float k_scale = k_scale_of(blk + 1);  // its latency hides behind the Q·Kᵀ
+      mbar_wait(&bar.k_full[next_stage], ((blk + 1) / kStages) & 1);
+      mbar_wait(&bar.v_full[stage], (blk / kStages) & 1);
+      turn_begin();
+      // One fence for both groups: s was read by the last softmax, pa written by the last packing,
+      // pv read by the last promotion.
+      wgmma_fence();
+      issue_qk<D>(s, desc_q, desc_k(next_stage));
+      wgmma_commit();
+      issue_pv<D>(pv, pa, desc_v(stage));
+      wgmma_commit();
+      turn_end(false);
+      wgmma_wait<1>();  // the Q·Kᵀ group (the older one) has completed; P·V of blk may still run
+      fence_operands(s);
+      float alpha_next[2];
+      softmax(blk + 1, k_scale, s, alpha_next, x, masked);
+      // Left alone, ptxas moves the P·V wait above most of the softmax (it ends the P·V accumulator's
+      // 64 registers sooner), and the softmax no longer overlaps the P·V. A shared-memory store of
+      // the row sums, which depend on every exp2 of the block, pins the softmax before the wait:
+      // ptxas keeps shared-memory accesses on their side of a wgmma wait (wgmma reads shared memory).
+      // One 8-byte store per thread and block, to a slot nothing reads.
+      store_shared_f32x2(anchor, l_part[0], l_part[1]);
+      wgmma_wait<0>();
+      promote(stage, alpha, pv);
+      // P is packed only now: pa was being read by the P·V wgmma until the wait. (Packing into a
+      // second buffer during the softmax instead makes ptxas serialize every wgmma, C7513.)
+      pack_p(x, pa);
+      alpha[0] = alpha_next[0];
+      alpha[1] = alpha_next[1];
+    };
+    // The last step (softmax of the last block, masked) is peeled off the loop, so that the loop
+    // holds the unmasked softmax only (with both in the loop, the causal kernels spilled).
+    for (int blk = 0; blk + 2 < n_blocks; ++blk) step(blk, false);
+    if (n_blocks >= 2) step(n_blocks - 2, true);
+    // Epilogue: P·V of the last block.
+    {
+      const int last = n_blocks - 1, stage = last % kStages;
+      mbar_wait(&bar.v_full[stage], (last / kStages) & 1);
+      turn_begin();
+      wgmma_fence();
+      issue_pv<D>(pv, pa, desc_v(stage));
+      wgmma_commit();
+      turn_end(true);
+      wgmma_wait<0>();
+      promote(stage, alpha, pv);
+    }
+  }
+
+  // Epilogue: divide by the row sum (448 x the reference's, which divides by sum * 448), multiply by
+  // V's channel scale, store the valid rows and channels, then the LSE.
   using Pair = OutPair<OutT>;
   OutT* out_base = static_cast<OutT*>(p.out) + b * p.out_strides.b + h * p.out_strides.h;
   const float* vs_base = p.v_scale + b * p.v_scale_strides.b + hk * p.v_scale_strides.h;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const float l = quad_sum(l_part[i]);
-    const float inv = l > 0.0f ? 1.0f / (l * kFp8E4M3Max) : 0.0f;
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     if (!row_ok[i]) continue;
     OutT* out_row = out_base + static_cast<int64_t>(row[i]) * p.out_strides.n;
 #pragma unroll
@@ -325,7 +514,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (p.lse != nullptr && quad == 0) {
       const int64_t off = b * p.lse_strides.b + h * p.lse_strides.h + static_cast<int64_t>(row[i]) * p.lse_strides.n;
-      float lse = (m_run[i] + log2f(l)) * kLn2;
+      float lse = (m_run[i] + (log2f(l) - kLog2Fp8Max)) * kLn2;
       if (p.corr != nullptr) {
         lse += p.corr[b * p.corr_strides.b + h * p.corr_strides.h + static_cast<int64_t>(row[i]) * p.corr_strides.n];
       }
@@ -361,12 +550,12 @@ cudaError_t make_maps(const AttnSm90Args& a, CUtensorMap* tm_q, CUtensorMap* tm_
   return make_tensor_map_4d(tm_v, a.vt, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
-template <int D, bool kCausal, typename OutT>
+template <int D, bool kCausal, typename OutT, Sm90Schedule kSchedule>
 cudaError_t launch(const AttnSm90Args& args, cudaStream_t stream) {
   CUtensorMap tm_q, tm_k, tm_v;
   cudaError_t err = make_maps<D>(args, &tm_q, &tm_k, &tm_v);
   if (err != cudaSuccess) return err;
-  auto* kernel = attn_int8_fp8_sm90_kernel<D, kCausal, OutT>;
+  auto* kernel = attn_int8_fp8_sm90_kernel<D, kCausal, OutT, kSchedule>;
   constexpr int kSmem = Smem<D>::kAlloc;  // above the 48 KiB default: opt in
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
@@ -375,15 +564,42 @@ cudaError_t launch(const AttnSm90Args& args, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <int D, bool kCausal>
+template <int D, bool kCausal, Sm90Schedule kSchedule>
 cudaError_t launch_out(const AttnSm90Args& args, cudaStream_t stream) {
-  return args.out_type == HalfType::kFloat16 ? launch<D, kCausal, __half>(args, stream)
-                                             : launch<D, kCausal, __nv_bfloat16>(args, stream);
+  return args.out_type == HalfType::kFloat16 ? launch<D, kCausal, __half, kSchedule>(args, stream)
+                                             : launch<D, kCausal, __nv_bfloat16, kSchedule>(args, stream);
 }
 
-template <int D>
+template <int D, Sm90Schedule kSchedule>
 cudaError_t launch_causal(const AttnSm90Args& args, cudaStream_t stream) {
-  return args.causal ? launch_out<D, true>(args, stream) : launch_out<D, false>(args, stream);
+  return args.causal ? launch_out<D, true, kSchedule>(args, stream) : launch_out<D, false, kSchedule>(args, stream);
+}
+
+template <Sm90Schedule kSchedule>
+cudaError_t launch_schedule(const AttnSm90Args& args, cudaStream_t stream) {
+  switch (args.d_pad) {
+    case 64:
+      return launch_causal<64, kSchedule>(args, stream);
+    case 128:
+      return launch_causal<128, kSchedule>(args, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+// SAGEATTN_SM90_SCHEDULE (attn.h): read at every launch, so a benchmark can switch it between calls.
+bool schedule_from_env(Sm90Schedule* schedule) {
+  const char* name = std::getenv("SAGEATTN_SM90_SCHEDULE");
+  *schedule = Sm90Schedule::kPingPong;
+  if (name == nullptr || name[0] == '\0') return true;
+  if (std::strcmp(name, "serial") == 0) {
+    *schedule = Sm90Schedule::kSerial;
+  } else if (std::strcmp(name, "overlap") == 0) {
+    *schedule = Sm90Schedule::kOverlap;
+  } else if (std::strcmp(name, "pingpong") != 0) {
+    return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -392,6 +608,8 @@ cudaError_t launch_qk_int8_sv_f8_attn_sm90(const AttnSm90Args& args, cudaStream_
   if (args.head_dim <= 0 || args.head_dim % 8 != 0 || args.head_dim > args.d_pad) return cudaErrorInvalidValue;
   if (args.heads_kv < 1 || args.heads_q % args.heads_kv != 0) return cudaErrorInvalidValue;
   if (args.n_pad < args.nk || args.n_pad % kSm90KeyPermuteGroup != 0) return cudaErrorInvalidValue;
+  Sm90Schedule schedule;
+  if (!schedule_from_env(&schedule)) return cudaErrorInvalidValue;
   if (args.nq == 0 || args.batch == 0 || args.heads_q == 0) return cudaSuccess;  // nothing to compute
   if (args.nk <= 0) return cudaErrorInvalidValue;
   // The kernel body exists only in sm_90a code; on any other GPU this module has no kernel to run.
@@ -401,13 +619,13 @@ cudaError_t launch_qk_int8_sv_f8_attn_sm90(const AttnSm90Args& args, cudaStream_
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   if (err != cudaSuccess) return err;
   if (major != 9 || minor != 0) return cudaErrorNoKernelImageForDevice;
-  switch (args.d_pad) {
-    case 64:
-      return launch_causal<64>(args, stream);
-    case 128:
-      return launch_causal<128>(args, stream);
+  switch (schedule) {
+    case Sm90Schedule::kSerial:
+      return launch_schedule<Sm90Schedule::kSerial>(args, stream);
+    case Sm90Schedule::kOverlap:
+      return launch_schedule<Sm90Schedule::kOverlap>(args, stream);
     default:
-      return cudaErrorInvalidValue;
+      return launch_schedule<Sm90Schedule::kPingPong>(args, stream);
   }
 }
 

@@ -162,11 +162,9 @@ def quantize(q, k, v, km, vmax, cu_q, cu_k, *, nq, nk, batch, sm_scale, pv, retu
         scale_mul = sm_scale * _quant.Q_SCALE_MUL
         qq, q_scale, corr = ops.quant_q_per_token(q, km, sm_scale, scale_mul, d_pad, kv_group, with_corr)
         corr = corr if with_corr else None
-        if residual:  # the compiled K quantization has one digit: the second comes from the Triton kernel
-            kq, kr, ks = _quantize_k(k, km, cu_k, n=nk, batch=batch, block_n=block_n, d_pad=d_pad,
-                                     varlen=varlen, residual=True)  # fmt: skip
-        else:
-            (kq, ks), kr = ops.quant_k_per_block(k, km, block_n, d_pad), None
+        quantized_k = ops.quant_k_per_block(k, km, block_n, d_pad, residual)  # [k1, scale] (+ [k2])
+        kq, ks = quantized_k[0], quantized_k[1]
+        kr = quantized_k[2] if residual else None
         vv = ops.quant_v_fp8(v, vmax, d_pad, triton.cdiv(nk, 16) * 16) if vmax is not None else None
     else:
         corr = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if with_corr else None

@@ -1,5 +1,6 @@
-"""The compiled fused quantization ops (csrc/fused) against the reference quantization, bit for bit,
-and the attention they feed against the simulated-quantization reference."""
+"""The compiled fused quantization ops (csrc/fused) against the reference quantization and the Triton
+quantization kernels, bit for bit (two-level K included), and the attention they feed against the
+simulated-quantization reference."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import importlib
 import pytest
 import torch
 
-from sageattention.quant import LOG2E, PVDtype
+from sageattention.quant import K_RESIDUAL_MUL, LOG2E, PVDtype
 from sageattention.reference import quantize_per_block_ref, quantize_v_fp8_ref
 
 pytestmark = pytest.mark.gpu
@@ -47,6 +48,41 @@ def test_int8_quantization_is_bit_exact(dtype, layout, n, d):
         kq, ks = ops.quant_k_per_block(k, km, block, d_pad)
         ref_k, ref_ks = quantize_per_block_ref(k.float() - km.unsqueeze(2), block)
         assert torch.equal(kq[..., :d].float(), ref_k) and torch.equal(ks, ref_ks)
+
+
+def _first_difference(a: torch.Tensor, b: torch.Tensor) -> str:
+    bad = (a != b).nonzero()
+    return f"{len(bad)} elements differ; first (b, h, token, channel): {bad[:6].tolist()}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("smooth", [True, False])
+@pytest.mark.parametrize("n,d", [(1, 128), (17, 64), (113, 72), (1000, 128), (4095, 40)])
+def test_two_level_k_is_bit_exact(dtype, layout, smooth, n, d):
+    """quant_k_per_block(..., residual=True) against the Triton kernel (digits and scale, bit for bit)
+    and against quantize_per_block_ref(residual=True) (which returns k1 * 254 + k2)."""
+    k = hnd(2, 3, n, d, layout, dtype) + 5
+    d_pad = launch._d_pad(d)
+    km = k.mean(dim=2, dtype=torch.float32) if smooth else None
+    kq, ks, kr = ops.quant_k_per_block(k, km, 64, d_pad, True)
+    assert kq.shape == kr.shape == (2, 3, n, d_pad) and kr.dtype == torch.int8
+    tq, tr, ts = launch._quantize_k(
+        k, km, None, n=n, batch=2, block_n=64, d_pad=d_pad, varlen=False, residual=True
+    )
+    assert torch.equal(kq, tq), "first digit vs Triton: " + _first_difference(kq, tq)
+    assert torch.equal(kr, tr), "second digit vs Triton: " + _first_difference(kr, tr)
+    assert torch.equal(ks, ts), "scale vs Triton: " + _first_difference(ks, ts)
+    kf = k.float() - km.unsqueeze(2) if smooth else k.float()
+    ref_k, ref_ks = quantize_per_block_ref(kf, 64, residual=True)
+    combined = kq[..., :d].float() * K_RESIDUAL_MUL + kr[..., :d].float()
+    assert torch.equal(combined, ref_k), "k1 * 254 + k2 vs reference: " + _first_difference(combined, ref_k)
+    assert torch.equal(ks, ref_ks), "scale vs reference: " + _first_difference(ks, ref_ks)
+    assert not kq[..., d:].any() and not kr[..., d:].any(), "channels past D must be zeros"
+    assert kr.abs().max() <= 127 and kq.abs().max() <= 127
+    # The one-level call still returns two tensors, and the first digit is the one-level INT8 K.
+    one = ops.quant_k_per_block(k, km, 64, d_pad)
+    assert len(one) == 2 and torch.equal(one[0], kq)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -169,7 +169,13 @@ CASES = [
         "pv_accum_fp16_cuda",
         dense(sa.sageattn_qk_int8_pv_fp16_cuda, pv_accum_dtype="fp32+fp16"),
         ValueError,
-        r"pv_accum_dtype='fp32\+fp16' is not supported here; valid values: fp32, fp16\+fp32, fp16",
+        r"pv_accum_dtype='fp32\+fp16' is not supported here; valid values: fp32, fp16\+fp32$",
+    ),
+    (
+        "pv_accum_fp16_cuda_no_fp16",  # whole-sequence FP16 accumulation: no kernel has it
+        dense(sa.sageattn_qk_int8_pv_fp16_cuda, pv_accum_dtype="fp16"),
+        ValueError,
+        r"pv_accum_dtype='fp16' is not supported here; valid values: fp32, fp16\+fp32$",
     ),
     (
         "pv_accum_fp8_cuda",

@@ -3,16 +3,26 @@ permutation is consistent with the wgmma fragment layouts it is derived from.
 
 Compile checks (skipped without nvcc, or with an nvcc that cannot target sm_90a):
 
-* ``-Xptxas -v``: no local-memory spills and no stack frame in any instantiation, at most the 168
-  registers per thread that ``__launch_bounds__(384, 1)`` leaves (65536 / 384, rounded down to 8),
-  and no ptxas warning (a wgmma that ptxas has to serialize is reported as one).
+* ``-Xptxas -v``: no local-memory spills and no stack frame in any instantiation, the 168
+  registers per thread that ``__launch_bounds__(384, 1)`` leaves (65536 / 384, rounded down to 8;
+  ptxas reports that launch figure, while the consumer code after ``setmaxnreg.inc`` may use up to
+  240), no ptxas warning, and no "Potential Performance Loss" note: ptxas reports a wgmma it had to
+  serialize (C7513, e.g. a register of an in-flight wgmma written by another instruction) as
+  "info", not as a warning.
 * The PTX holds the instructions the kernel is built around: the INT8 and FP8 wgmma shapes,
-  wgmma fence/commit/wait, 4-d TMA tile loads completing on mbarriers, setmaxnreg.
+  wgmma fence/commit/wait, 4-d TMA tile loads completing on mbarriers, setmaxnreg, the named
+  barriers of the ping-pong schedule, ex2.approx.
 * When a cuobjdump is found (next to nvcc, on PATH, or inside the triton package), the SASS holds
   the Hopper tensor-core instructions: IGMMA (INT8) and QGMMA (FP8) warpgroup MMAs, UTMALDG (TMA),
-  USETMAXREG.
+  USETMAXREG; and, per kernel: no register above the consumers' 240; wgmmas issued in groups, not
+  one wait per wgmma; no instruction writing a register of an in-flight wgmma or reading its
+  accumulator (a data-flow pass over the SASS control-flow graph); in the overlapped schedules the
+  softmax's 64 exp2 sit between the wait for Q·Kᵀ (``WARPGROUP.DEPBAR.LE gsb0, 0x1``) and the wait
+  for P·V, i.e. ptxas did not move the P·V wait above the softmax; named barriers in the ping-pong
+  kernels only.
 
-The flags are the package's nvcc flags from build-matrix.yaml. About 10 s on 2 cores.
+The flags are the package's nvcc flags from build-matrix.yaml. About 30 s on 2 cores (24 kernels:
+head dim 64/128 x causal x fp16/bf16 output x 3 schedules).
 """
 
 from __future__ import annotations
@@ -48,6 +58,9 @@ PTX_EXPECTED = [
     "setmaxnreg.inc.sync.aligned.u32",
     "setmaxnreg.dec.sync.aligned.u32",
     "cvt.rn.satfinite.e4m3x2.f32",
+    "ex2.approx.ftz.f32",
+    "bar.sync",  # ping-pong turns (named barriers)
+    "bar.arrive",
 ]
 SASS_EXPECTED = [
     "IGMMA.64x128x32.S8.S8",
@@ -134,7 +147,9 @@ def test_compiles_without_spills(sm90_builds, source):
     assert not bad, f"stack frame or spills ({ARCH}): {bad}"
     registers = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
     assert registers and max(registers) <= MAX_REGISTERS, registers
-    warnings = [line for line in log.splitlines() if "warning" in line.lower()]
+    warnings = [
+        line for line in log.splitlines() if "warning" in line.lower() or "performance loss" in line.lower()
+    ]
     assert not warnings, "ptxas warnings:\n" + "\n".join(warnings)
 
 
@@ -148,15 +163,242 @@ def test_ptx_uses_the_intended_instructions(sm90_builds, source):
 
 @needs_nvcc
 @pytest.mark.parametrize("source", [p.name for p in SM90_SOURCES])
-def test_sass_uses_hopper_tensor_cores(sm90_builds, source):
+def test_sass_uses_hopper_tensor_cores(sm90_sass, source):
+    missing = [s for s in SASS_EXPECTED if s not in sm90_sass[source]]
+    assert not missing, f"{source}: SASS for {ARCH} lacks {missing}"
+
+
+# --------------------------------------------------------------------------------------------------
+# The wgmma pipeline in the SASS: what ptxas made of the asynchronous schedule.
+
+CONSUMER_REGISTERS = 240  # setmaxnreg.inc target of the consumer warpgroups (attn_int8_fp8.cu)
+SASS_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+# Schedule of a kernel instantiation, from its mangled name (attn.h, Sm90Schedule).
+SCHEDULES = {"Sm90ScheduleE0": "serial", "Sm90ScheduleE1": "overlap", "Sm90ScheduleE2": "pingpong"}
+# Opcodes whose first register operand is not written (stores, barriers, control, uniform-only).
+NO_REGISTER_DEST = (
+    "ST", "RED", "ATOM", "BAR", "BRA", "EXIT", "SYNCS", "WARPGROUP", "UTMA", "MEMBAR", "NOP", "WARPSYNC",
+    "ISETP", "FSETP", "PLOP3", "USETMAXREG", "R2UR", "U", "DEPBAR", "FENCE", "CCTL", "BSSY", "BSYNC",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def sm90_sass(sm90_builds):
+    """{source name: SASS text}."""
     tool = _cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump found (CUDA toolkit, PATH or the triton package)")
-    _, cubin, _ = sm90_builds[source]
-    proc = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    missing = [s for s in SASS_EXPECTED if s not in proc.stdout]
-    assert not missing, f"{source}: SASS for {ARCH} lacks {missing}"
+    sass = {}
+    for source, (_, cubin, _) in sm90_builds.items():
+        proc = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        sass[source] = proc.stdout
+    return sass
+
+
+def sass_functions(sass: str) -> dict[str, list[tuple[int, str]]]:
+    """{mangled kernel name: [(address, instruction text without the trailing ';')]}."""
+    functions = {}
+    for chunk in re.split(r"\n\s*Function : ", sass)[1:]:
+        name = chunk.split("\n", 1)[0].strip()
+        functions[name] = [(int(a, 16), text.strip()) for a, text in SASS_INSTRUCTION.findall(chunk)]
+    return functions
+
+
+def schedule_of(name: str) -> str:
+    found = [schedule for key, schedule in SCHEDULES.items() if key in name]
+    assert len(found) == 1, f"no schedule in the kernel name {name}"
+    return found[0]
+
+
+def _split(text: str) -> tuple[str, list[str]]:
+    """(opcode, operands) of one instruction, its guard predicate (@P0) dropped."""
+    text = re.sub(r"^@!?U?P\w+\s+", "", text)
+    opcode, _, rest = text.partition(" ")
+    operands, depth, current = [], 0, ""
+    for ch in rest:
+        depth += ch in "[{("
+        depth -= ch in "]})"
+        if ch == "," and depth == 0:
+            operands.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    if current.strip():
+        operands.append(current.strip())
+    return opcode, operands
+
+
+def _registers(operand: str, width: int = 1) -> set[int]:
+    """General registers an operand names: R7 -> {7}; R6.64 or a width of 2 -> {6, 7}."""
+    found = set()
+    for m in re.finditer(r"\bR(\d+)(\.64|\.128)?", operand):
+        w = max(width, {".64": 2, ".128": 4}.get(m.group(2), 1))
+        found |= set(range(int(m.group(1)), int(m.group(1)) + w))
+    return found
+
+
+def _successors(code: list[tuple[int, str]]) -> list[list[int]]:
+    index = {address: i for i, (address, _) in enumerate(code)}
+    successors = []
+    for i, (_, text) in enumerate(code):
+        guarded = text.startswith("@")
+        opcode, operands = _split(text)
+        nexts = []
+        if opcode.startswith("BRA"):
+            target = re.search(r"0x([0-9a-f]+)", " ".join(operands))
+            if target and int(target.group(1), 16) in index:
+                nexts.append(index[int(target.group(1), 16)])
+            if guarded or opcode != "BRA":  # BRA.DIV, BRA.U.ANY, @P BRA: may fall through
+                nexts.append(i + 1)
+        elif not opcode.startswith(("EXIT", "RET")) or guarded:
+            nexts.append(i + 1)
+        successors.append([n for n in nexts if n < len(code)])
+    return successors
+
+
+def wgmma_hazards(code: list[tuple[int, str]]) -> list[str]:
+    """Instructions that touch a register of a wgmma still in flight: writes to its accumulator or
+    A registers, reads of its accumulator. A forward data-flow pass over the control-flow graph; the
+    state is the in-flight wgmma groups (accumulator and A registers), oldest first: a GMMA with
+    gsb0 closes its group (commit), WARPGROUP.DEPBAR.LE gsb0, N keeps the N newest. Paths join by
+    union, aligned on the newest group."""
+    empty: frozenset[int] = frozenset()
+    successors = _successors(code)
+    states: list = [None] * len(code)
+    states[0] = ((empty, empty), ())
+    work, hazards = [0], set()
+
+    def join(x, y):
+        if x is None or x == y:
+            return y
+        n = max(len(x[1]), len(y[1]))
+        px = ((empty, empty),) * (n - len(x[1])) + x[1]
+        py = ((empty, empty),) * (n - len(y[1])) + y[1]
+        pending = tuple((a[0] | b[0], a[1] | b[1]) for a, b in zip(px, py))
+        return ((x[0][0] | y[0][0], x[0][1] | y[0][1]), pending)
+
+    while work:
+        i = work.pop()
+        (open_acc, open_a), pending = states[i]
+        address, text = code[i]
+        opcode, operands = _split(text)
+        acc_in_flight = set(open_acc).union(*(g[0] for g in pending))
+        a_in_flight = set(open_a).union(*(g[1] for g in pending))
+        if "GMMA" in opcode:
+            n = int(re.search(r"\.64x(\d+)x", opcode).group(1))
+            acc = _registers(operands[0], n // 2)
+            a = _registers(operands[1], 4) if operands[1].startswith("R") else set()
+            if a & acc_in_flight:
+                hazards.add(f"{address:05x} {text}: A operand in an in-flight accumulator")
+            opened = (open_acc | acc, open_a | a)
+            state = ((empty, empty), pending + (opened,)) if "gsb0" in text else (opened, pending)
+        elif opcode.startswith("WARPGROUP.DEPBAR"):
+            keep = int(re.search(r"0x([0-9a-f]+)", text).group(1), 16)
+            state = ((open_acc, open_a), pending[len(pending) - keep :] if keep else ())
+        else:
+            dest, sources = set(), operands
+            if opcode.startswith("SHFL"):  # SHFL.BFLY PT, R1, R2, ...: predicate and register out
+                dest, sources = _registers(operands[1]), operands[2:]
+            elif operands and operands[0].startswith("R") and not opcode.startswith(NO_REGISTER_DEST):
+                width = 2 if (".64" in opcode or "WIDE" in opcode or opcode.startswith("CS2R")) else 1
+                dest, sources = _registers(operands[0], 4 if ".128" in opcode else width), operands[1:]
+            written = dest & (acc_in_flight | a_in_flight)
+            if written:
+                hazards.add(f"{address:05x} {text}: writes in-flight wgmma registers {sorted(written)}")
+            read = set().union(*(_registers(o) for o in sources)) & acc_in_flight if sources else set()
+            if read:
+                hazards.add(f"{address:05x} {text}: reads in-flight accumulators {sorted(read)}")
+            state = states[i]
+        for j in successors[i]:
+            joined = join(states[j], state)
+            if joined != states[j]:
+                states[j] = joined
+                work.append(j)
+    return sorted(hazards)
+
+
+def _kernels(sm90_sass, source):
+    functions = sass_functions(sm90_sass[source])
+    assert functions, f"{source}: no kernel in the SASS"
+    return functions
+
+
+@needs_nvcc
+@pytest.mark.parametrize("source", [p.name for p in SM90_SOURCES])
+def test_sass_registers_fit_the_consumer_budget(sm90_sass, source):
+    for name, code in _kernels(sm90_sass, source).items():
+        top = max(r for _, text in code for r in _registers(text))
+        assert top < CONSUMER_REGISTERS, f"{name} uses R{top}"
+
+
+@needs_nvcc
+@pytest.mark.parametrize("source", [p.name for p in SM90_SOURCES])
+def test_sass_wgmmas_are_issued_in_groups(sm90_sass, source):
+    """A serialized wgmma (C7513) shows as one WARPGROUP.DEPBAR per GMMA; the kernels wait once per
+    group of 2 to 4 wgmmas (serial: 2 waits per block, overlapped: 2 per block plus prologue and
+    the peeled last step)."""
+    for name, code in _kernels(sm90_sass, source).items():
+        gmma = sum("GMMA" in text for _, text in code)
+        waits = sum("WARPGROUP.DEPBAR" in text for _, text in code)
+        assert gmma and waits * 2 < gmma, f"{name}: {waits} wgmma waits for {gmma} wgmmas"
+
+
+@needs_nvcc
+@pytest.mark.parametrize("source", [p.name for p in SM90_SOURCES])
+def test_sass_leaves_in_flight_wgmma_registers_alone(sm90_sass, source):
+    for name, code in _kernels(sm90_sass, source).items():
+        hazards = wgmma_hazards(code)
+        assert not hazards, f"{name}:\n" + "\n".join(hazards[:20])
+
+
+@needs_nvcc
+@pytest.mark.parametrize("source", [p.name for p in SM90_SOURCES])
+def test_sass_hazard_check_sees_a_planted_hazard(sm90_sass, source):
+    """The data-flow pass is not vacuous: an instruction planted right after a P·V wgmma group is
+    issued, writing or reading its accumulator, is reported."""
+    for name, code in _kernels(sm90_sass, source).items():
+        last_pv = max(i for i, (_, text) in enumerate(code) if "QGMMA" in text and "gsb0" in text)
+        accumulator = int(re.search(r"QGMMA\S* R(\d+)", code[last_pv][1]).group(1))
+        for planted, report in (
+            (f"FADD.FTZ R{accumulator + 3}, R0, R1", "writes in-flight"),
+            (f"FADD.FTZ R0, R{accumulator + 5}, R1", "reads in-flight"),
+        ):
+            patched = code[: last_pv + 1] + [(code[last_pv][0] + 1, planted)] + code[last_pv + 1 :]
+            assert any(report in h for h in wgmma_hazards(patched)), f"{name}: {planted} not reported"
+
+
+@needs_nvcc
+@pytest.mark.parametrize("source", [p.name for p in SM90_SOURCES])
+def test_sass_softmax_overlaps_the_pv_wgmma(sm90_sass, source):
+    """In the overlapped schedules every wait for a Q·Kᵀ group while a P·V group stays in flight
+    (DEPBAR.LE gsb0, 0x1) is followed by the softmax of 64 scores per thread, exp2 and all, before
+    the next wgmma wait. ptxas is free to move a wait above independent instructions, and does so
+    when it can shorten the live range of the 64 P·V accumulator registers: the kernel pins the
+    softmax with a shared-memory store of the row sums before the P·V wait."""
+    for name, code in _kernels(sm90_sass, source).items():
+        schedule = schedule_of(name)
+        waits = [i for i, (_, text) in enumerate(code) if "WARPGROUP.DEPBAR" in text]
+        partial = [i for i in waits if "gsb0, 0x1" in code[i][1]]
+        if schedule == "serial":
+            assert not partial, f"{name}: the serial schedule has a partial wgmma wait"
+            continue
+        assert len(partial) >= 2, f"{name}: expected the loop's and the last step's partial waits"
+        for i in partial:
+            end = next(j for j in waits if j > i)
+            exp2 = sum("MUFU.EX2" in text for _, text in code[i:end])
+            assert exp2 >= 64, f"{name}: only {exp2} MUFU.EX2 between {code[i][0]:05x} and {code[end][0]:05x}"
+
+
+@needs_nvcc
+@pytest.mark.parametrize("source", [p.name for p in SM90_SOURCES])
+def test_sass_named_barriers_only_in_ping_pong(sm90_sass, source):
+    for name, code in _kernels(sm90_sass, source).items():
+        turns = [text for _, text in code if re.match(r"BAR\.(ARV|SYNC)\S* R\d+", text)]
+        if schedule_of(name) == "pingpong":
+            assert any(t.startswith("BAR.ARV") for t in turns), f"{name}: no BAR.ARV"
+        else:
+            assert not turns, f"{name}: named barriers {turns[:2]}"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
-from sageattention import dispatch, ops
+from sageattention import cuda_sm89, dispatch, ops
 from sageattention.dispatch import Request
+from sageattention.quant import PVAccum, PVDtype
 
 BF16 = torch.bfloat16
 
@@ -192,3 +195,79 @@ def test_explain_pretend_sm90(built, monkeypatch):
 def test_explain_does_not_warn(recwarn):
     dispatch.explain("cpu")
     assert len(recwarn) == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# The compiled backends: which arch family each serves, and the accumulation option they map
+
+
+def test_compiled_families_are_wired():
+    assert set(ops.WIRED_EXTENSIONS) == {"sm80", "sm89", "sm90"}
+
+
+@pytest.mark.parametrize(
+    "backend,arch", [("cuda_sm80", "sm80"), ("cuda_sm89", "sm89"), ("cuda_sm90", "sm90")]
+)
+def test_cuda_backends_pass_their_arch(monkeypatch, backend, arch):
+    seen = []
+    monkeypatch.setattr(ops, "cuda_attention", lambda q, k, v, **kw: seen.append(kw) or ("out", None))
+    assert dispatch.BACKENDS[backend].dense(1, 2, 3, is_causal=True, options={}) == ("out", None)
+    assert seen == [{"arch": arch, "is_causal": True, "options": {}}]
+
+
+def _cpu_qkv(d):
+    q = torch.randn(1, 4, 8, d, dtype=torch.float16)
+    k = torch.randn(1, 2, 8, d, dtype=torch.float16)
+    return q, k, torch.randn_like(k)
+
+
+_MAPPED = [
+    (None, {"sm80": "fp32", "sm89": "fp32+fp16"}),
+    (PVAccum.FP16_FP32, {"sm80": "fp16+fp32", "sm89": "fp32+fp16"}),
+    (PVAccum.FP32_FP32, {"sm80": "fp32", "sm89": "fp32+fp32"}),
+    (PVAccum.FP32, {"sm80": "fp32", "sm89": "fp32"}),
+]
+
+
+@pytest.mark.parametrize("arch,launcher", [("sm80", "attention_sm80"), ("sm89", "attention_sm89")])
+@pytest.mark.parametrize("accum,expected", _MAPPED)
+def test_cuda_attention_runs_the_arch_launcher(monkeypatch, arch, launcher, accum, expected):
+    """ops.cuda_attention calls the family's launcher with the accumulation the option maps to."""
+    module = importlib.import_module(f"sageattention.cuda_{arch}")
+    calls = []
+    monkeypatch.setattr(module, launcher, lambda q, k, v, **kw: calls.append(kw) or (q, None))
+    monkeypatch.setattr(cuda_sm89, "fp16_accum_available", lambda: True)
+    q, k, v = _cpu_qkv(64)
+    ops.cuda_attention(q, k, v, arch=arch, attn_mask=None, is_causal=True, sm_scale=0.125, return_lse=False,
+                       smooth_k=True, pv=None, options={"pv_accum": accum})  # fmt: skip
+    assert calls == [{"is_causal": True, "sm_scale": 0.125, "smooth_k": True, "return_lse": False,
+                      "pv_accum": expected[arch]}]  # fmt: skip
+
+
+def test_sm89_without_fp16_accumulation_falls_back_once(monkeypatch, recwarn):
+    monkeypatch.setattr(cuda_sm89, "fp16_accum_available", lambda: False)
+    monkeypatch.setattr(ops, "_fp16_accum_warned", [])
+    assert ops._pv_accum("sm89", {"pv_accum": None}) == "fp32+fp32"
+    assert len(recwarn) == 0  # the backend's own default: no warning
+    for _ in range(2):
+        assert ops._pv_accum("sm89", {"pv_accum": PVAccum.FP32_FP16}) == "fp32+fp32"
+    assert len(recwarn) == 1 and "CUDA older than 12.8" in str(recwarn[0].message)
+
+
+@pytest.mark.parametrize("arch,pv", [("sm80", PVDtype.FP16), ("sm89", PVDtype.FP8), ("sm90", PVDtype.FP8)])
+def test_head_dims_the_kernels_cannot_store_go_to_triton(monkeypatch, arch, pv):
+    calls = []
+    monkeypatch.setattr(ops, "triton_attention", lambda q, k, v, **kw: calls.append(kw) or (q, None))
+    q, k, v = _cpu_qkv(36)
+    ops.cuda_attention(q, k, v, arch=arch, attn_mask=None, is_causal=False, sm_scale=0.1, return_lse=True,
+                       smooth_k=False, pv=pv, options={})  # fmt: skip
+    assert len(calls) == 1 and calls[0]["pv"] is pv and calls[0]["return_lse"]
+
+
+def test_cuda_attention_names_valid_archs():
+    q, k, v = _cpu_qkv(64)
+    args = {"attn_mask": None, "is_causal": False, "sm_scale": 0.1, "return_lse": False, "smooth_k": False}
+    with pytest.raises(
+        ValueError, match="arch='sm70' has no compiled kernels; valid values: sm80, sm89, sm90"
+    ):
+        ops.cuda_attention(q, k, v, arch="sm70", pv=None, options={}, **args)

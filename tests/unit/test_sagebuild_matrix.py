@@ -175,7 +175,7 @@ def test_extension_plan_filters_archs(matrix, tmp_path):
     plans = {p.name: p for p in matrix.extension_plan("sageattention", archs)}
     assert plans["sageattention._fused"].archs == archs
     assert plans["sageattention._qattn_sm80"].archs == archs
-    assert plans["sageattention._qattn_sm89"].archs == ("8.9", "12.0a")
+    assert plans["sageattention._qattn_sm89"].archs == ("8.9", "9.0a", "12.0a")
     assert plans["sageattention._qattn_sm90"].archs == ("9.0a",)
     only80 = {p.name: p for p in matrix.extension_plan("sageattention", ["8.0"])}
     assert "no requested arch" in only80["sageattention._qattn_sm90"].skipped
