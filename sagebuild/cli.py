@@ -1,4 +1,4 @@
-"""Command line: ``python -m sagebuild {plan,build,verify,index,which,docs,validate,bake,cibw,...}``."""
+"""Command line: ``python -m sagebuild {plan,build,verify,diff,index,which,docs,validate,bake,cibw,...}``."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ examples:
   python -m sagebuild build --torch 2.14.1 --cuda 13.0 --python 3.11 --archs 9.0a
   python -m sagebuild build --cpu                             # pure-Python wheel
   python -m sagebuild verify wheelhouse/*.whl
+  python -m sagebuild diff first/X.whl second/X.whl          # two builds of one source: what differs
   python -m sagebuild index wheelhouse && python -m sagebuild which --index wheelhouse
 """
 
@@ -183,6 +184,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    from .verify import compare_wheels  # noqa: PLC0415
+
+    diff = compare_wheels(Path(args.a), Path(args.b))
+    print(diff.render())
+    if diff.identical_bytes:
+        return 0
+    return 1 if diff.unexpected or (args.strict and diff.differences) else 0
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     from .index import build_index  # noqa: PLC0415
 
@@ -333,6 +344,20 @@ def make_parser() -> argparse.ArgumentParser:
         "--allow-missing-cuobjdump", action="store_true", help="skip the SASS check without cuobjdump"
     )
     verify.set_defaults(func=cmd_verify)
+
+    diff = sub.add_parser(
+        "diff",
+        help="compare two builds of one wheel: which members differ",
+        description="Compare two wheels member by member (contents, time stamp, mode). Exit 0 when they "
+        "are byte-identical or differ only in compiled objects (and the RECORD lines hashing them), "
+        "which two builds of the same source may show; 1 otherwise.",
+    )
+    diff.add_argument("a", metavar="WHEEL_A")
+    diff.add_argument("b", metavar="WHEEL_B")
+    diff.add_argument(
+        "--strict", action="store_true", help="exit 1 on any difference, compiled objects included"
+    )
+    diff.set_defaults(func=cmd_diff)
 
     index = sub.add_parser("index", help="write a PEP 503 simple index for a folder of wheels")
     index.add_argument("dir")

@@ -296,7 +296,11 @@ def read_marker(path: Path) -> dict | None:
 
 
 def write_marker(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    """Write a JSON marker atomically (temporary file, then rename): a process killed while writing
+    leaves the old marker or none, never half of one."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(partial, path)
 
 
 # ----------------------------------------------------------------------------------------------------

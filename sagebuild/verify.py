@@ -6,10 +6,12 @@ Every check prints one line with a mark; the result fails when any check fails.
 from __future__ import annotations
 
 import email.parser
+import hashlib
 import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -176,6 +178,124 @@ def sass_archs(cuobjdump: Path, binary: Path) -> tuple[list[str], list[str]]:
 
 
 # ----------------------------------------------------------------------------------------------------
+# Shape of the compiled modules
+#
+# RECORD proves the bytes are the ones the build wrote, unless RECORD was rewritten with them; then a
+# truncated or overwritten module is caught here: its headers must describe a shared library for the
+# wheel's machine whose tables and segments all lie inside the file. (A change inside a segment that
+# leaves the headers intact is RECORD's to catch, and the SASS check's when it hits the device code.)
+
+ELF_MAGIC = b"\x7fELF"
+ELF_CLASS64, ELF_LITTLE_ENDIAN, ET_DYN, PT_LOAD, SHT_NULL, SHT_NOBITS = 2, 1, 3, 1, 0, 8
+ELF_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")  # Elf64_Ehdr, 64 bytes
+ELF_PROGRAM_HEADER = struct.Struct("<IIQQQQQQ")  # Elf64_Phdr, 56 bytes
+ELF_SECTION_HEADER = struct.Struct("<IIQQQQIIQQ")  # Elf64_Shdr, 64 bytes
+#: e_machine (ELF) and Machine (PE) of the CPUs our wheels are built for, by platform-tag suffix.
+MACHINES = {
+    "x86_64": ("x86-64", 62, 0x8664),
+    "amd64": ("x86-64", 62, 0x8664),
+    "aarch64": ("aarch64", 183, 0xAA64),
+    "arm64": ("aarch64", 183, 0xAA64),
+}
+PE_DLL = 0x2000  # IMAGE_FILE_DLL
+PE_SECTION_SIZE = 40
+
+
+class BinaryError(ValueError):
+    """A compiled module whose bytes are not a loadable library for the wheel's platform."""
+
+
+def _machine_for(platform_tag: str) -> tuple[str, int, int] | None:
+    for suffix, machine in MACHINES.items():
+        if platform_tag.endswith(suffix):
+            return machine
+    return None
+
+
+def _within(size: int, offset: int, length: int, what: str) -> None:
+    if offset + length > size:
+        raise BinaryError(f"{what} ends at byte {offset + length}, past the end of the file ({size} bytes)")
+
+
+def elf_summary(data: bytes, platform_tag: str) -> str:
+    """Check that ``data`` is a whole 64-bit little-endian ELF shared object for the wheel's machine."""
+    size = len(data)
+    if size < ELF_HEADER.size or data[:4] != ELF_MAGIC:
+        raise BinaryError("not an ELF file (no ELF header)")
+    ident = data[:16]
+    if ident[4] != ELF_CLASS64 or ident[5] != ELF_LITTLE_ENDIAN:
+        raise BinaryError(f"not a 64-bit little-endian ELF file (class {ident[4]}, data {ident[5]})")
+    (_, e_type, machine, _, _, phoff, shoff, _, ehsize, phentsize, phnum, shentsize, shnum, _) = (
+        ELF_HEADER.unpack_from(data)
+    )
+    if e_type != ET_DYN:
+        raise BinaryError(f"ELF type {e_type}, not a shared object ({ET_DYN})")
+    want = _machine_for(platform_tag)
+    if want is not None and machine != want[1]:
+        raise BinaryError(f"ELF machine {machine}, but the wheel is for {want[0]} ({want[1]})")
+    if ehsize != ELF_HEADER.size:
+        raise BinaryError(f"ELF header size {ehsize}, expected {ELF_HEADER.size}")
+    if phnum == 0 or phentsize != ELF_PROGRAM_HEADER.size:
+        raise BinaryError(f"no usable program headers ({phnum} of {phentsize} bytes)")
+    _within(size, phoff, phnum * phentsize, "the program header table")
+    loads = 0
+    for i in range(phnum):
+        p_type, _, p_offset, _, _, p_filesz, _, _ = ELF_PROGRAM_HEADER.unpack_from(
+            data, phoff + i * phentsize
+        )
+        if p_type == PT_LOAD:
+            loads += 1
+            _within(size, p_offset, p_filesz, f"loadable segment (program header {i})")
+    if not loads:
+        raise BinaryError("no loadable segment")
+    if shoff == 0:
+        raise BinaryError("no section header table")
+    if shentsize != ELF_SECTION_HEADER.size:
+        raise BinaryError(f"section header size {shentsize}, expected {ELF_SECTION_HEADER.size}")
+    _within(size, shoff, shentsize, "the section header table")
+    if shnum == 0:  # more than 0xff00 sections: the count is in section 0's sh_size
+        shnum = ELF_SECTION_HEADER.unpack_from(data, shoff)[5]
+    _within(size, shoff, shnum * shentsize, "the section header table")
+    for i in range(1, shnum):
+        _, sh_type, _, _, sh_offset, sh_size, _, _, _, _ = ELF_SECTION_HEADER.unpack_from(
+            data, shoff + i * shentsize
+        )
+        if sh_type not in (SHT_NULL, SHT_NOBITS):
+            _within(size, sh_offset, sh_size, f"section {i}")
+    name = want[0] if want else f"machine {machine}"
+    return f"ELF64 {name} shared object, {loads} loadable segments, {shnum} sections"
+
+
+def pe_summary(data: bytes, platform_tag: str) -> str:
+    """Check that ``data`` is a whole PE DLL for the wheel's machine (a Windows ``.pyd``)."""
+    size = len(data)
+    if size < 0x40 or data[:2] != b"MZ":
+        raise BinaryError("not a PE file (no MZ header)")
+    (pe,) = struct.unpack_from("<I", data, 0x3C)
+    _within(size, pe, 24, "the PE header")
+    if data[pe : pe + 4] != b"PE\0\0":
+        raise BinaryError("not a PE file (no PE signature)")
+    machine, sections, _, _, _, optional_size, characteristics = struct.unpack_from("<HHIIIHH", data, pe + 4)
+    want = _machine_for(platform_tag)
+    if want is not None and machine != want[2]:
+        raise BinaryError(f"PE machine {machine:#x}, but the wheel is for {want[0]} ({want[2]:#x})")
+    if not characteristics & PE_DLL:
+        raise BinaryError("a PE file that is not a DLL")
+    table = pe + 24 + optional_size
+    _within(size, table, sections * PE_SECTION_SIZE, "the section table")
+    for i in range(sections):
+        raw_size, raw_offset = struct.unpack_from("<II", data, table + i * PE_SECTION_SIZE + 16)
+        _within(size, raw_offset, raw_size, f"section {i}")
+    name = want[0] if want else f"machine {machine:#x}"
+    return f"PE {name} DLL, {sections} sections"
+
+
+def binary_summary(member: str, data: bytes, platform_tag: str) -> str:
+    """One line on a compiled module, or BinaryError saying what is wrong with it."""
+    return (pe_summary if member.endswith(".pyd") else elf_summary)(data, platform_tag)
+
+
+# ----------------------------------------------------------------------------------------------------
 # Smoke test
 
 
@@ -299,20 +419,22 @@ def _verify(path: Path, matrix: Matrix, options: VerifyOptions, report: Report) 
     with wheel:
         contents: dict[str, bytes] = {}
         bad = []
+        unreadable = set()
         for info in wheel.infolist():
             if info.is_dir():
                 continue
             try:
                 with wheel.open(info) as handle:
                     contents[info.filename] = handle.read()
-            except WheelError as exc:
+            except (WheelError, zipfile.BadZipFile, OSError) as exc:  # a hash or a CRC that does not match
                 bad.append(str(exc))
+                unreadable.add(info.filename)
         record_path = f"{wheel.dist_info_path}/RECORD"
         listed = set()
         for line in contents.get(record_path, b"").decode("utf-8").splitlines():
             if line.strip():
                 listed.add(line.split(",")[0])
-        missing = sorted(p for p in listed if p not in contents)
+        missing = sorted(p for p in listed if p not in contents and p not in unreadable)
         if missing:
             bad.append(f"listed but absent: {', '.join(missing[:5])}")
         report.expect(
@@ -356,8 +478,19 @@ def _verify(path: Path, matrix: Matrix, options: VerifyOptions, report: Report) 
         "WHEEL: " + "; ".join(problems),
     )
 
-    # 3. compiled modules and their archs
-    extensions = {_extension_module(p): p for p in contents if EXTENSION_RE.search(p)}
+    # 3. compiled modules: whole libraries for this platform, the ones the build info lists, their archs
+    extensions = {_extension_module(p): p for p in [*contents, *unreadable] if EXTENSION_RE.search(p)}
+    if name.kind != "pure":
+        for member in sorted(extensions.values()):
+            if member not in contents:
+                report.fail(f"binary {member}: unreadable (its RECORD hash or CRC does not match)")
+                continue
+            try:
+                summary = binary_summary(member, contents[member], name.platform_tag)
+            except BinaryError as exc:
+                report.fail(f"binary {member}: {exc}")
+            else:
+                report.ok(f"binary {member}: {summary}")
     expected = _check_build_info(contents, name, package.name, matrix, options, extensions, report)
     if expected is not None:
         _check_sass(path, contents, extensions, expected, options, report, matrix, name)
@@ -529,6 +662,8 @@ def _check_sass(path, contents, extensions, expected, options, report, matrix, n
     with tempfile.TemporaryDirectory(prefix="sagebuild-sass-") as tmp:
         for module, archs in sorted(expected.items()):
             member = extensions[module]
+            if member not in contents:
+                continue  # unreadable: reported by the RECORD and binary checks
             binary = Path(tmp) / PurePosixPath(member).name
             binary.write_bytes(contents[member])
             sass, ptx = sass_archs(cuobjdump, binary)
@@ -549,3 +684,138 @@ def verify_paths(paths: Sequence[Path], matrix: Matrix, options: VerifyOptions) 
         print(report.render(), flush=True)
         reports.append(report)
     return reports
+
+
+# ----------------------------------------------------------------------------------------------------
+# Comparing two builds (``sagebuild diff``)
+#
+# Two builds of the same source in the same environment give the same wheel, byte for byte, except for
+# the compiled modules (object code is not guaranteed to be reproducible: paths, build ids, the
+# compiler's own choices) and, because of them, the RECORD lines that hash them. Everything else
+# differing means the builds were not the same: other sources, other tools, or time stamps leaking in
+# (sagebuild sets SOURCE_DATE_EPOCH so that they do not).
+
+
+@dataclass
+class MemberDiff:
+    member: str
+    what: str
+    expected: bool  # a difference that two builds of one source may show
+
+
+@dataclass
+class WheelDiff:
+    a: Path
+    b: Path
+    identical_bytes: bool
+    same_members: int = 0
+    differences: list[MemberDiff] = field(default_factory=list)
+
+    @property
+    def unexpected(self) -> list[MemberDiff]:
+        return [d for d in self.differences if not d.expected]
+
+    def render(self) -> str:
+        good, bad, _ = marks()
+        lines = [f"Comparing wheels:\n  A: {self.a}\n  B: {self.b}"]
+        if self.identical_bytes:
+            lines.append(f"  {good} byte-identical")
+            return "\n".join(lines)
+        lines.append(f"  {good} {self.same_members} members identical (contents, time stamp, mode)")
+        for d in self.differences:
+            lines.append(f"  {'~' if d.expected else bad} {d.member}: {d.what}")
+        if self.unexpected:
+            lines.append(f"  => DIFFERENT ({len(self.unexpected)} unexpected differences)")
+        elif self.differences:
+            lines.append("  => identical apart from compiled objects (expected to differ between builds)")
+        else:
+            lines.append("  => same members and contents; the archives differ only in how they are stored")
+        return "\n".join(lines)
+
+
+def _is_compiled(member: str) -> bool:
+    return bool(EXTENSION_RE.search(member))
+
+
+def _zip_time(info: zipfile.ZipInfo) -> str:
+    return "{:04d}-{:02d}-{:02d} {:02d}:{:02d}:{:02d}".format(*info.date_time)
+
+
+def _record_rows(data: bytes) -> dict[str, str]:
+    rows = {}
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        if line.strip():
+            path, _, rest = line.partition(",")
+            rows[path] = rest
+    return rows
+
+
+def _record_diff(a: bytes, b: bytes) -> tuple[str, bool]:
+    """How two RECORDs differ, and whether that is expected (only lines that hash compiled objects)."""
+    rows_a, rows_b = _record_rows(a), _record_rows(b)
+    changed = sorted(p for p in set(rows_a) | set(rows_b) if rows_a.get(p) != rows_b.get(p))
+    if not changed:
+        return "the same lines in another order", False
+    other = [p for p in changed if not _is_compiled(p)]
+    if other:
+        return f"differs in the lines of {', '.join(other[:5])}", False
+    return "differs only in the hashes of compiled objects (expected)", True
+
+
+def compare_wheels(a: Path, b: Path) -> WheelDiff:
+    """Which members of two wheels differ, and whether each difference is one builds may show."""
+    a, b = Path(a), Path(b)
+    for path in (a, b):
+        if not path.is_file():
+            raise SagebuildError(f"{path}: no such file")
+    diff = WheelDiff(a, b, a.read_bytes() == b.read_bytes())
+    if diff.identical_bytes:
+        return diff
+    if a.name != b.name:
+        diff.differences.append(MemberDiff("(file name)", f"{a.name} != {b.name}", False))
+    try:
+        with zipfile.ZipFile(a) as za, zipfile.ZipFile(b) as zb:
+            infos_a = {i.filename: i for i in za.infolist()}
+            infos_b = {i.filename: i for i in zb.infolist()}
+            for member in sorted(set(infos_a) | set(infos_b)):
+                if member not in infos_b or member not in infos_a:
+                    side = "A" if member in infos_a else "B"
+                    diff.differences.append(MemberDiff(member, f"only in {side}", False))
+                    continue
+                ia, ib = infos_a[member], infos_b[member]
+                data_a, data_b = za.read(ia), zb.read(ib)
+                problems = []
+                expected = False
+                if data_a != data_b:
+                    if _is_compiled(member):
+                        expected = True
+                        problems.append(
+                            f"contents differ ({len(data_a)} / {len(data_b)} bytes, sha256 "
+                            f"{hashlib.sha256(data_a).hexdigest()[:12]} / "
+                            f"{hashlib.sha256(data_b).hexdigest()[:12]}): a compiled object, "
+                            "expected to differ between builds"
+                        )
+                    elif member.endswith(".dist-info/RECORD"):
+                        what, expected = _record_diff(data_a, data_b)
+                        problems.append(what)
+                    else:
+                        problems.append(f"contents differ ({len(data_a)} / {len(data_b)} bytes)")
+                if ia.date_time != ib.date_time:
+                    expected = False
+                    problems.append(
+                        f"time stamp {_zip_time(ia)} / {_zip_time(ib)} (is SOURCE_DATE_EPOCH set?)"
+                    )
+                if ia.external_attr != ib.external_attr:
+                    expected = False
+                    problems.append(f"mode {ia.external_attr >> 16:o} / {ib.external_attr >> 16:o}")
+                if problems:
+                    diff.differences.append(MemberDiff(member, "; ".join(problems), expected))
+                else:
+                    diff.same_members += 1
+            if set(infos_a) == set(infos_b) and list(infos_a) != list(infos_b):
+                diff.differences.append(
+                    MemberDiff("(archive)", "the members are stored in another order", False)
+                )
+    except zipfile.BadZipFile as exc:
+        raise SagebuildError(f"not a readable wheel: {exc}") from exc
+    return diff

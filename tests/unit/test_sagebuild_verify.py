@@ -1,10 +1,15 @@
-"""``sagebuild verify`` on hand-made wheels: a good one passes; each kind of damage is caught."""
+"""``sagebuild verify`` on hand-made wheels: a good one passes; each kind of damage is caught.
+
+The section "Every way a wheel can be broken" lists the failure modes, one row each.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import stat
+import struct
 import sys
 import zipfile
 from pathlib import Path
@@ -13,10 +18,31 @@ import pytest
 from wheel.wheelfile import WheelFile
 
 from sagebuild import cli
-from sagebuild.matrix import load
+from sagebuild.matrix import Arch, load
 from sagebuild.verify import VerifyOptions, verify_wheel
 
 SO = "cpython-312-x86_64-linux-gnu.so"
+EM_X86_64, EM_AARCH64 = 62, 183
+
+
+def fake_library(payload: bytes, machine: int = EM_X86_64) -> bytes:
+    """A minimal 64-bit little-endian ELF shared object: one loadable segment, and one section that
+    holds ``payload`` (where the stand-in cuobjdump reads its ``SASS:`` line)."""
+    ehdr, phdr, shdr = 64, 56, 64
+    data_at = ehdr + phdr
+    sections_at = data_at + len(payload)
+    ident = b"\x7fELF\x02\x01\x01" + bytes(9)
+    header = struct.pack(
+        "<16sHHIQQQIHHHHHH", ident, 3, machine, 1, 0, ehdr, sections_at, 0, ehdr, phdr, 1, shdr, 2, 0
+    )
+    load = struct.pack("<IIQQQQQQ", 1, 5, 0, 0, 0, sections_at, sections_at, 0x1000)
+    section = struct.pack("<IIQQQQIIQQ", 0, 1, 2, data_at, data_at, len(payload), 0, 0, 1, 0)
+    return header + load + payload + bytes(shdr) + section
+
+
+def sass(*archs: str) -> bytes:
+    """A compiled module holding SASS for these archs (as the stand-in cuobjdump lists them)."""
+    return fake_library(f"SASS: {' '.join(archs)}\n".encode())
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +103,9 @@ def good_cuda_wheel(folder: Path, **changes) -> Path:
     spec = dict(
         files={
             "sageattention/__init__.py": b"",
-            f"sageattention/_fused.{SO}": b"\x7fELF...SASS: sm_80 sm_90a\n",
-            f"sageattention/_qattn_sm80.{SO}": b"\x7fELF...SASS: sm_80 sm_90a\n",
-            f"sageattention/_qattn_sm90.{SO}": b"\x7fELF...SASS: sm_90a\n",
+            f"sageattention/_fused.{SO}": sass("sm_80", "sm_90a"),
+            f"sageattention/_qattn_sm80.{SO}": sass("sm_80", "sm_90a"),
+            f"sageattention/_qattn_sm90.{SO}": sass("sm_90a"),
         },
         build_info={
             "torch": "2.8.0",
@@ -122,69 +148,6 @@ def test_good_wheel_passes(tmp_path, matrix, fake_cuobjdump):
         assert line in text
 
 
-def test_bad_record_hash_fails(tmp_path, matrix, fake_cuobjdump):
-    good = good_cuda_wheel(tmp_path)
-    bad = tmp_path / "bad" / good.name
-    bad.parent.mkdir()
-    with zipfile.ZipFile(good) as src, zipfile.ZipFile(bad, "w") as dst:
-        for item in src.infolist():
-            data = src.read(item)
-            if item.filename == "sageattention/__init__.py":
-                data = b"print('changed after RECORD was written')\n"
-            dst.writestr(item, data)
-    report = verify_wheel(bad, matrix, options(fake_cuobjdump))
-    assert not report.passed
-    assert any("RECORD" in f and "Hash mismatch" in f for f in failures(report)), report.render()
-
-
-def test_torch_pin_must_match_the_tag(tmp_path, matrix, fake_cuobjdump):
-    report = verify_wheel(
-        good_cuda_wheel(tmp_path, requires=("torch==2.7.0",)), matrix, options(fake_cuobjdump)
-    )
-    assert any("the build tag says torch==2.8.0" in f for f in failures(report)), report.render()
-    loose = verify_wheel(good_cuda_wheel(tmp_path, requires=("torch>=2.4",)), matrix, options(fake_cuobjdump))
-    assert not loose.passed
-
-
-def test_metadata_version_must_match_the_name(tmp_path, matrix, fake_cuobjdump):
-    report = verify_wheel(good_cuda_wheel(tmp_path, version="2.2.1"), matrix, options(fake_cuobjdump))
-    assert any("METADATA says sageattention 2.2.1" in f for f in failures(report)), report.render()
-
-
-def test_wheel_build_field_must_match_the_name(tmp_path, matrix, fake_cuobjdump):
-    report = verify_wheel(good_cuda_wheel(tmp_path, build="270.128"), matrix, options(fake_cuobjdump))
-    assert any("WHEEL: Build '270.128'" in f for f in failures(report)), report.render()
-
-
-def test_missing_extension_fails(tmp_path, matrix, fake_cuobjdump):
-    wheel = good_cuda_wheel(tmp_path)
-    files = {
-        "sageattention/__init__.py": b"",
-        f"sageattention/_fused.{SO}": b"SASS: sm_80 sm_90a\n",
-        f"sageattention/_qattn_sm80.{SO}": b"SASS: sm_80 sm_90a\n",
-    }
-    wheel.unlink()
-    report = verify_wheel(good_cuda_wheel(tmp_path, files=files), matrix, options(fake_cuobjdump))
-    assert "extension sageattention._qattn_sm90: missing from the wheel" in failures(report), report.render()
-
-
-def test_wrong_sass_fails(tmp_path, matrix, fake_cuobjdump):
-    files = {
-        f"sageattention/_fused.{SO}": b"SASS: sm_80 sm_90a\n",
-        f"sageattention/_qattn_sm80.{SO}": b"SASS: sm_80 sm_90a\n",
-        f"sageattention/_qattn_sm90.{SO}": b"SASS: sm_80 sm_90a\n",  # sm_80 code in the sm90-only module
-    }
-    report = verify_wheel(good_cuda_wheel(tmp_path, files=files), matrix, options(fake_cuobjdump))
-    assert any("_qattn_sm90" in f and "expected exactly sm_90a" in f for f in failures(report)), (
-        report.render()
-    )
-
-
-def test_expected_archs_must_match(tmp_path, matrix, fake_cuobjdump):
-    report = verify_wheel(good_cuda_wheel(tmp_path), matrix, options(fake_cuobjdump, expect_archs=["9.0a"]))
-    assert any("expected 9.0a" in f for f in failures(report)), report.render()
-
-
 def test_missing_cuobjdump_is_said_and_fails_unless_allowed(tmp_path, matrix, monkeypatch):
     monkeypatch.setattr("sagebuild.verify.find_cuobjdump", lambda options, min_cuda=None: None)
     wheel = good_cuda_wheel(tmp_path)
@@ -197,7 +160,13 @@ def test_missing_cuobjdump_is_said_and_fails_unless_allowed(tmp_path, matrix, mo
 
 
 def test_no_build_info_needs_expected_archs(tmp_path, matrix, fake_cuobjdump):
-    wheel = good_cuda_wheel(tmp_path, build_info=None)
+    """Without build info, the modules and archs are the matrix's plan for --expect-archs."""
+    planned = {
+        f"sageattention/{p.name.split('.')[-1]}.{SO}": sass(*(Arch.parse(a).sm for a in p.archs))
+        for p in matrix.extension_plan("sageattention", ["8.0", "9.0a"])
+        if p.archs
+    }
+    wheel = good_cuda_wheel(tmp_path, build_info=None, files={"sageattention/__init__.py": b"", **planned})
     report = verify_wheel(wheel, matrix, options(fake_cuobjdump))
     assert any("cannot tell which archs" in f for f in failures(report))
     report = verify_wheel(wheel, matrix, options(fake_cuobjdump, expect_archs=["8.0", "9.0a"]))
@@ -236,7 +205,7 @@ def test_sageattn3_local_version(tmp_path, matrix, fake_cuobjdump):
         version="1.0.0+cu128torch2.9.0",
         requires=("torch==2.9.0",),
         build=None,
-        files={f"sageattn3/_C.{SO}": b"SASS: sm_100a sm_120a\n"},
+        files={f"sageattn3/_C.{SO}": sass("sm_100a", "sm_120a")},
     )
     report = verify_wheel(wheel, matrix, options(fake_cuobjdump))
     assert report.passed, report.render()
@@ -280,3 +249,227 @@ def test_an_older_cuobjdump_is_passed_over(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "old"))
     monkeypatch.setattr("sys.path", [])
     assert find_cuobjdump(VerifyOptions(smoke=False, cuobjdump=str(old)), (13, 0)) is None
+
+
+# --------------------------------------------------------------------------------------------------
+# Every way a wheel can be broken, one row each: how the good wheel is made wrong, and the failed
+# checks ``verify`` must report. Damage is done member by member to a copy of the good wheel; with
+# ``record="rewrite"`` the copy gets a RECORD that matches its damaged contents (as a tool repacking
+# the wheel would write), so that the check under test must catch it on its own.
+
+GOOD = "sageattention-2.2.0-280.129-cp312-cp312-linux_x86_64.whl"
+
+
+def so(module: str) -> str:
+    return f"sageattention/{module}.{SO}"
+
+
+def damaged(
+    folder: Path,
+    *,
+    replace: dict[str, bytes] | None = None,
+    drop: tuple[str, ...] = (),
+    add: dict[str, bytes] | None = None,
+    record: str = "rewrite",
+    name: str = GOOD,
+    **changes,
+) -> Path:
+    """A copy of the good wheel (``changes`` go to good_cuda_wheel) with members replaced, dropped or
+    added, RECORD rewritten to match or kept as it was, under file name ``name``."""
+    (folder / "good").mkdir()
+    (folder / "broken").mkdir()
+    source = good_cuda_wheel(folder / "good", **changes)
+    target = folder / "broken" / name
+    with zipfile.ZipFile(source) as src:
+        members = [(info, src.read(info)) for info in src.infolist() if info.filename not in drop]
+    members = [(info, (replace or {}).get(info.filename, data)) for info, data in members]
+    if record == "rewrite":
+        with WheelFile(str(target), "w") as wheel:
+            for info, data in members:
+                if not info.filename.endswith(".dist-info/RECORD"):
+                    wheel.writestr(info.filename, data)
+            for member, data in (add or {}).items():
+                wheel.writestr(member, data)
+    else:
+        with zipfile.ZipFile(target, "w") as wheel:
+            for info, data in members:
+                wheel.writestr(info, data)
+            for member, data in (add or {}).items():
+                wheel.writestr(member, data)
+    return target
+
+
+def truncated(folder: Path) -> Path:
+    """A wheel cut off in the middle, as an interrupted copy leaves it."""
+    good = good_cuda_wheel(folder)
+    data = good.read_bytes()
+    good.write_bytes(data[: len(data) // 2])
+    return good
+
+
+def half(data: bytes) -> bytes:
+    return data[: len(data) // 2]
+
+
+INFO = {
+    "torch": "2.8.0",
+    "torch_cuda": "12.9",
+    "nvcc": "12.9.86",
+    "archs": ["8.0", "9.0a"],
+    "extensions": {
+        "sageattention._fused": ["8.0", "9.0a"],
+        "sageattention._qattn_sm80": ["8.0", "9.0a"],
+        "sageattention._qattn_sm90": ["9.0a"],
+    },
+}
+FILES = {
+    "sageattention/__init__.py": b"",
+    so("_fused"): sass("sm_80", "sm_90a"),
+    so("_qattn_sm80"): sass("sm_80", "sm_90a"),
+    so("_qattn_sm90"): sass("sm_90a"),
+}
+SM90_SO = so("_qattn_sm90")
+OTHER = "sageattention-2.2.0-270.128-cp312-cp312-linux_x86_64.whl"
+
+BROKEN = [
+    # id, make(folder) -> wheel, VerifyOptions extras, failures that must be reported (substrings)
+    # -- an extension module missing or corrupted
+    ("extension_removed", lambda f: damaged(f, drop=(SM90_SO,)), {},
+     ["extension sageattention._qattn_sm90: missing from the wheel"]),
+    ("extension_removed_record_kept", lambda f: damaged(f, drop=(SM90_SO,), record="keep"), {},
+     [f"RECORD: listed but absent: {SM90_SO}", "extension sageattention._qattn_sm90: missing"]),
+    ("extension_bytes_changed",
+     lambda f: damaged(f, replace={SM90_SO: sass("sm_90a") + b"\0"}, record="keep"), {},
+     [f"Hash mismatch for file '{SM90_SO}'", f"binary {SM90_SO}: unreadable"]),
+    ("extension_truncated_record_rewritten", lambda f: damaged(f, replace={SM90_SO: half(sass("sm_90a"))}),
+     {}, [f"binary {SM90_SO}: ", "past the end of the file"]),
+    ("extension_overwritten_record_rewritten",
+     lambda f: damaged(f, replace={SM90_SO: b"\0" * 4096}), {},
+     [f"binary {SM90_SO}: not an ELF file", f"SASS {SM90_SO}: has none, expected exactly sm_90a"]),
+    ("extension_for_another_machine",
+     lambda f: damaged(f, replace={SM90_SO: fake_library(b"SASS: sm_90a\n", EM_AARCH64)}), {},
+     [f"binary {SM90_SO}: ELF machine 183, but the wheel is for x86-64"]),
+    ("extension_not_in_build_info", lambda f: damaged(f, add={so("_qattn_sm89"): sass("sm_90a")}), {},
+     ["extension sageattention._qattn_sm89: in the wheel but not in its build info"]),
+    # -- the arch list: SASS against the build info, the build info against the matrix and the tag
+    ("sass_for_an_arch_not_claimed", lambda f: damaged(f, replace={SM90_SO: sass("sm_80", "sm_90a")}), {},
+     [f"SASS {SM90_SO}: has sm_80, sm_90a, expected exactly sm_90a"]),
+    ("sass_missing_a_claimed_arch", lambda f: damaged(f, replace={so("_fused"): sass("sm_80")}), {},
+     [f"SASS {so('_fused')}: has sm_80, expected exactly sm_80, sm_90a"]),
+    ("sass_none", lambda f: damaged(f, replace={so("_fused"): fake_library(b"host code only")}), {},
+     [f"SASS {so('_fused')}: has none"]),
+    ("archs_not_the_expected", lambda f: good_cuda_wheel(f), {"expect_archs": ["9.0a"]},
+     ["the wheel was built for 8.0;9.0a, expected 9.0a"]),
+    ("build_info_module_archs_not_the_matrix",
+     lambda f: good_cuda_wheel(f, build_info={**INFO, "extensions": {**INFO["extensions"],
+                                              "sageattention._qattn_sm90": ["8.0", "9.0a"]}}),
+     {}, ["sageattention._qattn_sm90: build info says 8.0;9.0a, the matrix gives 9.0a"]),
+    ("build_info_arch_the_tag_cuda_cannot_target",
+     lambda f: good_cuda_wheel(f, build_info={**INFO, "archs": ["8.0", "9.0a", "11.0a"]}), {},
+     ["arch 11.0a: "]),
+    ("build_info_torch_not_the_tag", lambda f: good_cuda_wheel(f, build_info={**INFO, "torch": "2.7.0"}), {},
+     ["build info disagrees with the name: torch 2.7.0 != 2.8.0"]),
+    ("build_info_cuda_not_the_tag", lambda f: good_cuda_wheel(f, build_info={**INFO, "torch_cuda": "12.8"}),
+     {}, ["build info disagrees with the name: torch CUDA 12.8 != 12.9"]),
+    ("build_info_not_json",
+     lambda f: damaged(f, replace={"sageattention/_build_info.json": b"{'archs': "}), {},
+     ["sageattention/_build_info.json: not valid JSON"]),
+    # -- the file name's tags against METADATA and WHEEL
+    ("metadata_version", lambda f: good_cuda_wheel(f, version="2.2.1"), {},
+     ["METADATA says sageattention 2.2.1, the file name says sageattention 2.2.0"]),
+    ("metadata_torch_pin_another_torch", lambda f: good_cuda_wheel(f, requires=("torch==2.7.0",)), {},
+     ["Requires-Dist torch==2.7.0, but the build tag says torch==2.8.0"]),
+    ("metadata_torch_pin_loose", lambda f: good_cuda_wheel(f, requires=("torch>=2.4",)), {},
+     ["Requires-Dist torch>=2.4, but the build tag says torch==2.8.0"]),
+    ("metadata_torch_pin_missing", lambda f: good_cuda_wheel(f, requires=()), {},
+     ["Requires-Dist (none), but the build tag says torch==2.8.0"]),
+    ("wheel_build_field", lambda f: good_cuda_wheel(f, build="270.128"), {},
+     ["WHEEL: Build '270.128' != file name's '280.129'"]),
+    ("wheel_tag", lambda f: good_cuda_wheel(f, tag="cp311-cp311-linux_x86_64"), {},
+     ["WHEEL: Tag cp311-cp311-linux_x86_64 != file name's cp312-cp312-linux_x86_64"]),
+    ("wheel_root_is_purelib", lambda f: good_cuda_wheel(f, pure=True), {},
+     ["Root-Is-Purelib True for a platform wheel"]),
+    ("renamed_to_another_torch", lambda f: damaged(f, name=OTHER), {},
+     ["but the build tag says torch==2.7.0", "WHEEL: Build '280.129' != file name's '270.128'",
+      "build info disagrees with the name: torch 2.8.0 != 2.7.0"]),
+    ("renamed_to_another_python",
+     lambda f: damaged(f, name=GOOD.replace("cp312-cp312", "cp311-cp311")), {},
+     ["WHEEL: Tag cp312-cp312-linux_x86_64 != file name's cp311-cp311-linux_x86_64"]),
+    # -- RECORD and the archive
+    ("record_hash",
+     lambda f: damaged(f, replace={"sageattention/__init__.py": b"x = 1\n"}, record="keep"), {},
+     ["Hash mismatch for file 'sageattention/__init__.py'"]),
+    ("record_lacks_a_file", lambda f: damaged(f, add={"sageattention/extra.py": b""}, record="keep"), {},
+     ["No hash found for file 'sageattention/extra.py'"]),
+    ("record_missing",
+     lambda f: damaged(f, drop=("sageattention-2.2.0.dist-info/RECORD",), record="keep"), {},
+     ["archive: Missing sageattention-2.2.0.dist-info/RECORD file"]),
+    ("archive_truncated", truncated, {}, ["archive: File is not a zip file"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("make,extra,expected", [r[1:] for r in BROKEN], ids=[r[0] for r in BROKEN])
+def test_broken_wheel_is_rejected(tmp_path, matrix, fake_cuobjdump, make, extra, expected):
+    report = verify_wheel(make(tmp_path), matrix, options(fake_cuobjdump, **extra))
+    assert not report.passed, report.render()
+    failed = failures(report)
+    for text in expected:
+        assert any(text in f for f in failed), f"no failure says {text!r}:\n{report.render()}"
+
+
+def test_every_failure_mode_has_a_unique_name_and_the_good_wheel_passes(tmp_path, matrix, fake_cuobjdump):
+    assert len({r[0] for r in BROKEN}) == len(BROKEN)
+    assert good_cuda_wheel(tmp_path, build_info=INFO, files=FILES).is_file()
+    report = verify_wheel(good_cuda_wheel(tmp_path), matrix, options(fake_cuobjdump))
+    assert report.passed, report.render()
+    assert (
+        f"✓ binary {SM90_SO}: ELF64 x86-64 shared object, 1 loadable segments, 2 sections" in report.render()
+    )
+
+
+def fake_dll(payload: bytes, machine: int = 0x8664, characteristics: int = 0x2022) -> bytes:
+    """A minimal PE file (a Windows ``.pyd``): MZ stub, PE header, no optional header, one section."""
+    pe_at, table_at = 0x40, 0x40 + 24
+    data_at = table_at + 40
+    stub = b"MZ" + bytes(0x3A) + struct.pack("<I", pe_at)
+    header = b"PE\0\0" + struct.pack("<HHIIIHH", machine, 1, 0, 0, 0, 0, characteristics)
+    section = b".nv_fatb" + struct.pack("<IIIIIIHHI", 0, 0, len(payload), data_at, 0, 0, 0, 0, 0)
+    return stub + header + section + payload
+
+
+def test_compiled_module_shapes():
+    """The ELF and PE checks on their own: whole files pass; cut, foreign or non-library ones fail."""
+    from sagebuild.verify import BinaryError, binary_summary
+
+    lib = sass("sm_90a")
+    assert binary_summary("m.so", lib, "manylinux_2_28_x86_64").startswith("ELF64 x86-64 shared object")
+    dll = fake_dll(b"SASS: sm_90a\n")
+    assert binary_summary("m.pyd", dll, "win_amd64") == "PE x86-64 DLL, 1 sections"
+    bad = [
+        ("m.so", lib[:200], "linux_x86_64", "past the end of the file"),
+        ("m.so", lib[:40], "linux_x86_64", "not an ELF file"),
+        ("m.so", fake_library(b"", EM_AARCH64), "linux_x86_64", "ELF machine 183"),
+        ("m.so", lib, "linux_aarch64", "ELF machine 62, but the wheel is for aarch64"),
+        ("m.so", lib[:16] + struct.pack("<H", 2) + lib[18:], "linux_x86_64", "not a shared object"),
+        ("m.so", lib[:4] + b"\x01" + lib[5:], "linux_x86_64", "not a 64-bit little-endian ELF file"),
+        ("m.pyd", dll[:-4], "win_amd64", "section 0 ends at byte"),
+        ("m.pyd", dll, "win_arm64", "PE machine 0x8664, but the wheel is for aarch64"),
+        ("m.pyd", fake_dll(b"", characteristics=0x22), "win_amd64", "not a DLL"),
+        ("m.pyd", lib, "win_amd64", "not a PE file"),
+    ]
+    for member, data, platform, message in bad:
+        with pytest.raises(BinaryError, match=re.escape(message)):
+            binary_summary(member, data, platform)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a real ELF library of this machine")
+def test_real_shared_library_passes_and_its_halves_fail():
+    import torch
+
+    data = Path(torch._C.__file__).read_bytes()
+    from sagebuild.verify import BinaryError, binary_summary
+
+    assert binary_summary(torch._C.__file__, data, "linux_x86_64").startswith("ELF64 ")
+    for cut in (len(data) // 2, len(data) - 512):  # (the last bytes may be padding no table covers)
+        with pytest.raises(BinaryError, match="past the end of the file"):
+            binary_summary(torch._C.__file__, data[:cut], "linux_x86_64")
