@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import torch
 
-from . import cuda_ops  # noqa: F401  (registers the fake implementations, for torch.compile)
-from . import ops as _ops
+from . import (
+    cuda_common,
+    cuda_ops,  # noqa: F401  (registers the fake implementations, for torch.compile)
+)
 from .quant import INT8_MAX, LOG2E
 
 __all__ = ["attention_sm80", "KEY_BLOCK", "PV_ACCUMS"]
@@ -30,42 +32,11 @@ KEY_BLOCK = 64
 PV_ACCUMS = ("fp32", "fp16+fp32")
 
 
-def _d_pad(head_dim: int) -> int:
-    return 64 if head_dim <= 64 else 128
-
-
-def check_qkv(q, k, v) -> None:
-    """The shapes and dtypes the mma.sync kernels take (ValueError / TypeError naming the argument)."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.dim() != 4 or x.stride(-1) != 1:
-            raise ValueError(f"{name} must be a 4-d [B, H, N, D] view with a unit last stride")
-        if x.dtype not in (torch.float16, torch.bfloat16) or x.dtype != q.dtype:
-            raise TypeError(f"q, k and v must share one dtype, float16 or bfloat16; {name} is {x.dtype}")
-    b, hq, _, head_dim = q.shape
-    hkv, nk = k.shape[1], k.shape[2]
-    if head_dim > 128 or head_dim % 8:
-        raise ValueError(f"head dim {head_dim} is not supported: it must be a multiple of 8, at most 128")
-    if k.shape[-1] != head_dim or v.shape[-1] != head_dim or v.shape[:3] != k.shape[:3]:
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be [B, Hkv, Nk, {head_dim}]")
-    if k.shape[0] != b or hq % hkv:
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)}: batch must match, Hq a multiple of Hkv")
-    if nk == 0:
-        raise ValueError("k and v must hold at least one key")
-
-
-def load_extensions(arch: str) -> None:
-    """Import the fused quantization ops and an arch family's kernels (importing registers the ops)."""
-    for module in (_ops.FUSED_EXTENSION, _ops.COMPILED_EXTENSIONS[arch]):
-        loaded, reason = _ops._import_extension(module)
-        if loaded is None:
-            raise RuntimeError(f"sageattention.{module} is not available: {reason}")
-
-
 def quantize_qk(q, k, *, sm_scale: float, smooth_k: bool, return_lse: bool, residual: bool):
     """INT8 Q per token and K per 64-key block with the fused ops: (qq, q_scale, kq, k_scale, kr or None,
     corr or None); kr is K's second digit when ``residual``."""
     hq, hkv, head_dim = q.shape[1], k.shape[1], q.shape[-1]
-    d_pad = _d_pad(head_dim)
+    d_pad = cuda_common.d_pad(head_dim)
     ops = torch.ops.sageattention
     km = k.mean(dim=2, dtype=torch.float32) if smooth_k else None
     with_corr = return_lse and smooth_k
@@ -86,12 +57,12 @@ def attention_sm80(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool,
     Returns (out, lse): out [B, Hq, Nq, D] in q's dtype, stored like q; lse [B, Hq, Nq] float32
     (natural log, including the smooth-K correction) or None.
     """
-    check_qkv(q, k, v)
+    cuda_common.check_qkv(q, k, v)
     if pv_accum not in PV_ACCUMS:
         raise ValueError(
             f"pv_accum={pv_accum!r} is not supported by the sm80 kernel; valid values: {PV_ACCUMS}"
         )
-    load_extensions("sm80")
+    cuda_common.load_extensions("sm80")
     qq, q_scale, kq, k_scale, kr, corr = quantize_qk(
         q, k, sm_scale=sm_scale, smooth_k=smooth_k, return_lse=return_lse, residual=True
     )

@@ -23,8 +23,9 @@ import math
 
 import torch
 
+from . import cuda_common
 from . import ops as _ops
-from .cuda_sm80 import check_qkv, load_extensions, quantize_qk
+from .cuda_sm80 import quantize_qk
 from .quant import FP8_E4M3_MAX
 
 __all__ = ["attention_sm89", "fp16_accum_available", "KEY_BLOCK", "PV_ACCUMS"]
@@ -43,10 +44,6 @@ PV_ACCUMS = ("fp32", "fp32+fp32", "fp32+fp16")
 FP16_ACCUM_V_HEADROOM = 256.0
 
 
-def _d_pad(head_dim: int) -> int:
-    return 64 if head_dim <= 64 else 128
-
-
 def fp16_accum_available() -> bool:
     """Whether the built kernels include "fp32+fp16" (the FP16-accumulating FP8 MMA needs CUDA >= 12.8
     at build time). False when the extension is not built."""
@@ -63,12 +60,12 @@ def attention_sm89(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool,
     Returns (out, lse): out [B, Hq, Nq, D] in q's dtype, stored like q; lse [B, Hq, Nq] float32
     (natural log, including the smooth-K correction) or None.
     """
-    check_qkv(q, k, v)
+    cuda_common.check_qkv(q, k, v)
     if pv_accum not in PV_ACCUMS:
         raise ValueError(
             f"pv_accum={pv_accum!r} is not supported by the sm89 kernel; valid values: {PV_ACCUMS}"
         )
-    load_extensions("sm89")
+    cuda_common.load_extensions("sm89")
     if pv_accum == "fp32+fp16" and not fp16_accum_available():
         raise RuntimeError(
             "pv_accum='fp32+fp16' is not available: sageattention._qattn_sm89 was built with a CUDA older "
@@ -82,7 +79,7 @@ def attention_sm89(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool,
     if pv_accum == "fp32+fp16":
         vmax = vmax * FP16_ACCUM_V_HEADROOM
     n_pad = -(-k.shape[2] // KEY_GROUP) * KEY_GROUP
-    vt = ops.quant_v_fp8(v, vmax, _d_pad(q.shape[-1]), n_pad, True)
+    vt = ops.quant_v_fp8(v, vmax, cuda_common.d_pad(q.shape[-1]), n_pad, True)
     v_scale = vmax * (1.0 / FP8_E4M3_MAX)
     out_nhd = q.stride(1) < q.stride(2)  # NHD memory in, NHD memory out
     out, lse = ops.qk_int8_sv_f8_attn_sm89(

@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from . import ops as _ops
+from . import cuda_common
 from .quant import FP8_E4M3_MAX, INT8_MAX, LOG2E
 
 __all__ = ["attention_sm90", "KEY_BLOCK"]
@@ -35,10 +35,6 @@ KEY_BLOCK = 128
 KEY_GROUP = 16
 
 
-def _d_pad(head_dim: int) -> int:
-    return 64 if head_dim <= 64 else 128
-
-
 def attention_sm90(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool, return_lse: bool):
     """Quantized attention on HND views ([B, H, N, D], any strides with a unit last stride) of
     float16/bfloat16 tensors, D <= 128 and a multiple of 8, Hq a multiple of Hkv.
@@ -46,26 +42,11 @@ def attention_sm90(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool,
     Returns (out, lse): out [B, Hq, Nq, D] in q's dtype, stored like q; lse [B, Hq, Nq] float32
     (natural log, including the smooth-K correction) or None.
     """
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.dim() != 4 or x.stride(-1) != 1:
-            raise ValueError(f"{name} must be a 4-d [B, H, N, D] view with a unit last stride")
-        if x.dtype not in (torch.float16, torch.bfloat16) or x.dtype != q.dtype:
-            raise TypeError(f"q, k and v must share one dtype, float16 or bfloat16; {name} is {x.dtype}")
+    cuda_common.check_qkv(q, k, v)
     b, hq, nq, head_dim = q.shape
     hkv, nk = k.shape[1], k.shape[2]
-    if head_dim > 128 or head_dim % 8:
-        raise ValueError(f"head dim {head_dim} is not supported: it must be a multiple of 8, at most 128")
-    if k.shape[-1] != head_dim or v.shape[-1] != head_dim or v.shape[:3] != k.shape[:3]:
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be [B, Hkv, Nk, {head_dim}]")
-    if k.shape[0] != b or hq % hkv:
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)}: batch must match, Hq a multiple of Hkv")
-    if nk == 0:
-        raise ValueError("k and v must hold at least one key")
-    d_pad = _d_pad(head_dim)
-    for module in (_ops.FUSED_EXTENSION, _ops.COMPILED_EXTENSIONS["sm90"]):  # importing registers the ops
-        loaded, reason = _ops._import_extension(module)
-        if loaded is None:
-            raise RuntimeError(f"sageattention.{module} is not available: {reason}")
+    d_pad = cuda_common.d_pad(head_dim)
+    cuda_common.load_extensions("sm90")
     ops = torch.ops.sageattention
 
     km = k.mean(dim=2, dtype=torch.float32) if smooth_k else None
