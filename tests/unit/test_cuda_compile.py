@@ -13,16 +13,13 @@ The flags are the package's nvcc flags from build-matrix.yaml. About 45 s on 2 c
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from sagebuild import matrix as build_matrix
+from tests.cuda_toolchain import NO_NVCC, NVCC, compile_nvcc, cuobjdump, gpu_codes, nvcc_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 SM80_SOURCES = sorted((ROOT / "csrc" / "sm80").glob("*.cu"))
@@ -65,53 +62,13 @@ FAMILIES = {
 }
 
 
-def _nvcc() -> str | None:
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home and (Path(home) / "bin" / "nvcc").is_file():
-            return str(Path(home) / "bin" / "nvcc")
-    return shutil.which("nvcc")
-
-
-NVCC = _nvcc()
-pytestmark = pytest.mark.skipif(NVCC is None, reason="nvcc not found (CUDA_HOME, /usr/local/cuda, PATH)")
-
-
-def _cuobjdump() -> str | None:
-    """cuobjdump next to nvcc, on PATH, or the copy the triton package ships (found without importing
-    triton)."""
-    if NVCC is not None and Path(NVCC).with_name("cuobjdump").is_file():
-        return str(Path(NVCC).with_name("cuobjdump"))
-    if shutil.which("cuobjdump"):
-        return shutil.which("cuobjdump")
-    spec = importlib.util.find_spec("triton")
-    if spec is not None and spec.origin:
-        candidate = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        if candidate.is_file():
-            return str(candidate)
-    return None
-
-
-def _flags() -> list[str]:
-    package = build_matrix.load(ROOT / build_matrix.MATRIX_FILE).package("sageattention")
-    includes = [f"-I{ROOT / d}" for d in package.build.get("include_dirs", [])]
-    return ["-std=c++17", *package.build.get("nvcc_flags", []), *includes]
-
-
-def _supported_archs() -> set[str]:
-    out = subprocess.run([NVCC, "--list-gpu-code"], capture_output=True, text=True, check=True).stdout
-    return set(out.split())
+pytestmark = pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
 
 
 def _nvcc_version() -> tuple[int, int]:
     out = subprocess.run([NVCC, "--version"], capture_output=True, text=True, check=True).stdout
     match = re.search(r"release (\d+)\.(\d+)", out)
     return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
-
-
-def _compile(args: list[str]) -> str:
-    proc = subprocess.run([NVCC, *args], capture_output=True, text=True)
-    assert proc.returncode == 0, f"nvcc {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout + proc.stderr
 
 
 def _instances(log: str) -> list[tuple[str, tuple[int, int, int], int]]:
@@ -141,10 +98,11 @@ _CASES += [("fused", src, "sm_89") for src in FUSED_SOURCES]
 
 @pytest.mark.parametrize("family,source,arch", _CASES, ids=lambda x: getattr(x, "name", x))
 def test_compiles_without_spills(tmp_path, family, source, arch):
-    if arch.rstrip("a") not in _supported_archs():  # --list-gpu-code names sm_90, not sm_90a
+    if arch.rstrip("a") not in gpu_codes():  # --list-gpu-code names sm_90, not sm_90a
         pytest.skip(f"this nvcc cannot target {arch}")
     cubin = tmp_path / "k.cubin"
-    log = _compile(["-cubin", f"-arch={arch}", "-Xptxas", "-v", *_flags(), str(source), "-o", str(cubin)])
+    args = ["-cubin", f"-arch={arch}", "-Xptxas", "-v", *nvcc_flags(), str(source), "-o", str(cubin)]
+    log = compile_nvcc(args)
     assert "warning" not in log.lower(), f"nvcc/ptxas warnings for {source.name} ({arch}):\n{log}"
     instances = _instances(log)
     assert instances, f"no kernel was compiled:\n{log}"
@@ -152,7 +110,7 @@ def test_compiles_without_spills(tmp_path, family, source, arch):
     assert not bad, f"stack frame or spills ({arch}), (frame, stores, loads): {bad}"
     registers = [r for _, _, r in instances]
     assert max(registers) <= 255, registers
-    tool = _cuobjdump()
+    tool = cuobjdump()
     if tool is None or family == "fused":
         return
     sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True).stdout
@@ -171,7 +129,7 @@ def test_compiles_without_spills(tmp_path, family, source, arch):
 def test_ptx_uses_the_intended_instructions(tmp_path, family, source):
     _, _, target, expected, _ = FAMILIES[family]
     ptx = tmp_path / "k.ptx"
-    _compile(["-ptx", f"-arch={target}", *_flags(), str(source), "-o", str(ptx)])
+    compile_nvcc(["-ptx", f"-arch={target}", *nvcc_flags(), str(source), "-o", str(ptx)])
     text = ptx.read_text()
     if family == "sm89" and _nvcc_version() < (12, 8):  # the FP16-accumulating e4m3 MMA is PTX ISA 8.7
         expected = [s for s in expected if ".f16.e4m3" not in s]
@@ -191,8 +149,8 @@ def test_sm89_builds_without_the_fp16_accumulating_fp8_mma(tmp_path, source):
     """What a CUDA older than 12.8 builds (no PTX ISA 8.7): the "fp32+fp16" instances are left out and
     the launcher reports them as not supported; the FP32-accumulating kernels remain."""
     ptx = tmp_path / "k.ptx"
-    _compile(
-        ["-ptx", "-arch=compute_89", "-DSAGE_HAS_MMA_E4M3_F16=0", *_flags(), str(source), "-o", str(ptx)]
+    compile_nvcc(
+        ["-ptx", "-arch=compute_89", "-DSAGE_HAS_MMA_E4M3_F16=0", *nvcc_flags(), str(source), "-o", str(ptx)]
     )
     text = ptx.read_text()
     assert "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in text

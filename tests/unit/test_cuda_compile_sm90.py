@@ -27,10 +27,7 @@ head dim 64/128 x causal x fp16/bf16 output x 3 schedules).
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -38,7 +35,7 @@ import pytest
 import torch
 
 from sageattention.reference import permute_keys_sm90
-from sagebuild import matrix as build_matrix
+from tests.cuda_toolchain import NO_NVCC, NVCC, compile_nvcc, cuobjdump, gpu_codes, nvcc_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 SM90_SOURCES = sorted((ROOT / "csrc" / "sm90").glob("*.cu"))
@@ -71,47 +68,7 @@ SASS_EXPECTED = [
 ]
 
 
-def _nvcc() -> str | None:
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home and (Path(home) / "bin" / "nvcc").is_file():
-            return str(Path(home) / "bin" / "nvcc")
-    return shutil.which("nvcc")
-
-
-NVCC = _nvcc()
-needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (CUDA_HOME, /usr/local/cuda, PATH)")
-
-
-def _cuobjdump() -> str | None:
-    """cuobjdump next to nvcc, on PATH, or the copy the triton package ships (found without
-    importing triton)."""
-    if NVCC is not None and Path(NVCC).with_name("cuobjdump").is_file():
-        return str(Path(NVCC).with_name("cuobjdump"))
-    if shutil.which("cuobjdump"):
-        return shutil.which("cuobjdump")
-    spec = importlib.util.find_spec("triton")
-    if spec is not None and spec.origin:
-        candidate = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        if candidate.is_file():
-            return str(candidate)
-    return None
-
-
-def _flags() -> list[str]:
-    package = build_matrix.load(ROOT / build_matrix.MATRIX_FILE).package("sageattention")
-    includes = [f"-I{ROOT / d}" for d in package.build.get("include_dirs", [])]
-    return ["-std=c++17", *package.build.get("nvcc_flags", []), *includes]
-
-
-def _can_target_sm90a() -> bool:
-    out = subprocess.run([NVCC, "--list-gpu-code"], capture_output=True, text=True, check=True).stdout
-    return "sm_90" in out.split()  # --list-gpu-code names sm_90, not sm_90a
-
-
-def _compile(args: list[str]) -> str:
-    proc = subprocess.run([NVCC, *args], capture_output=True, text=True)
-    assert proc.returncode == 0, f"nvcc {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
-    return proc.stdout + proc.stderr
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
 
 
 def test_there_are_sm90_kernels():
@@ -123,14 +80,15 @@ def sm90_builds(tmp_path_factory):
     """{source name: (ptxas log, cubin path, ptx text)}, compiled once for the module."""
     if NVCC is None:
         pytest.skip("nvcc not found (CUDA_HOME, /usr/local/cuda, PATH)")
-    if not _can_target_sm90a():
+    if ARCH.rstrip("a") not in gpu_codes():  # --list-gpu-code names sm_90, not sm_90a
         pytest.skip(f"this nvcc cannot target {ARCH}")
     out = tmp_path_factory.mktemp("sm90")
     builds = {}
     for source in SM90_SOURCES:
         cubin, ptx = out / f"{source.stem}.cubin", out / f"{source.stem}.ptx"
-        log = _compile(["-cubin", f"-arch={ARCH}", "-Xptxas", "-v", *_flags(), str(source), "-o", str(cubin)])
-        _compile(["-ptx", f"-arch={ARCH}", *_flags(), str(source), "-o", str(ptx)])
+        args = ["-cubin", f"-arch={ARCH}", "-Xptxas", "-v", *nvcc_flags(), str(source), "-o", str(cubin)]
+        log = compile_nvcc(args)
+        compile_nvcc(["-ptx", f"-arch={ARCH}", *nvcc_flags(), str(source), "-o", str(ptx)])
         builds[source.name] = (log, cubin, ptx.read_text())
     return builds
 
@@ -185,7 +143,7 @@ NO_REGISTER_DEST = (
 @pytest.fixture(scope="module")
 def sm90_sass(sm90_builds):
     """{source name: SASS text}."""
-    tool = _cuobjdump()
+    tool = cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump found (CUDA toolkit, PATH or the triton package)")
     sass = {}
