@@ -34,13 +34,13 @@ def _sdpa(backend):
     return run
 
 
-def _sage(variant: str):
+def _sage(variant: str, **options):
     import sageattention
 
     fn = getattr(sageattention, variant)
 
     def run(q, k, v, causal):
-        return fn(q, k, v, tensor_layout="HND", is_causal=causal)
+        return fn(q, k, v, tensor_layout="HND", is_causal=causal, **options)
 
     return run
 
@@ -81,6 +81,11 @@ IMPLS = {
     "launch-triton-fp8": lambda: _sage_kernel_only("fp8"),
     "launch-triton-fp16": lambda: _sage_kernel_only("fp16"),
     "cuda-sm90": _cuda_sm90,
+    # the mma.sync kernels (built for sm80 / the sm89 family; on Hopper they run, but only indicatively)
+    "sage-cuda-fp16": lambda: _sage("sageattn_qk_int8_pv_fp16_cuda", pv_accum_dtype="fp16+fp32"),
+    "sage-cuda-fp16-fp32": lambda: _sage("sageattn_qk_int8_pv_fp16_cuda", pv_accum_dtype="fp32"),
+    "sage-cuda-fp8": lambda: _sage("sageattn_qk_int8_pv_fp8_cuda", pv_accum_dtype="fp32+fp16"),
+    "sage-cuda-fp8-fp32": lambda: _sage("sageattn_qk_int8_pv_fp8_cuda", pv_accum_dtype="fp32+fp32"),
 }
 
 

@@ -95,3 +95,61 @@ def test_reduce_overhead_mode():
     for seed in range(3):
         q, k, v = _qkv(512, seed=seed)
         torch.testing.assert_close(compiled(q, k, v).clone(), fn(q, k, v))
+
+
+# The compiled kernel families through their public variants (each runs on this GPU when it was built
+# for it: the mma.sync kernels for sm80/sm89 also run on sm90).
+_COMPILED = {
+    "sm80": ("sageattn_qk_int8_pv_fp16_cuda", {"pv_accum_dtype": "fp16+fp32"}),
+    "sm89": ("sageattn_qk_int8_pv_fp8_cuda", {"pv_accum_dtype": "fp32+fp16"}),
+    "sm90": ("sageattn_qk_int8_pv_fp8_cuda_sm90", {}),
+}
+
+
+def _compiled_variant(arch):
+    from sageattention import ops
+
+    reason = ops.cuda_unavailable_reason(arch)
+    if reason is not None:
+        pytest.skip(reason)
+    if arch == "sm90" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the sm_90a kernel needs an sm90 GPU")
+    name, options = _COMPILED[arch]
+    fn = getattr(sa, name)
+    return lambda q, k, v: fn(q, k, v, tensor_layout="NHD", is_causal=True, return_lse=True, **options)
+
+
+@pytest.mark.parametrize("arch", sorted(_COMPILED))
+def test_compiled_variant_fullgraph(arch, metrics):
+    """torch.compile(fullgraph=True) traces each compiled variant (quantization ops and kernel)."""
+    fn = _compiled_variant(arch)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True)
+    for n in (1000, 1537):
+        q, k, v = _qkv(n, seed=n)
+        (a, la), (b, lb) = compiled(q, k, v), fn(q, k, v)
+        assert metrics.cosine(a, b) >= 0.99999
+        torch.testing.assert_close(la, lb)
+
+
+@pytest.mark.parametrize("arch", sorted(_COMPILED))
+def test_compiled_variant_cuda_graph(arch):
+    """Each compiled variant captures into a CUDA graph and replays on new inputs bit for bit."""
+    fn = _compiled_variant(arch)
+    static = [x.clone() for x in _qkv(777, seed=1)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = fn(*static)
+    for seed in (2, 3):
+        for dst, src in zip(static, _qkv(777, seed=seed)):
+            dst.copy_(src)
+        graph.replay()
+        expected_out, expected_lse = fn(*static)
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected_out) and torch.equal(lse, expected_lse)
