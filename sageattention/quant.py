@@ -53,9 +53,10 @@ def parse_enum(enum_type: type[enum.Enum], value: object, argument: str) -> enum
     """Convert a public string argument to its enum, with an error naming the argument."""
     if isinstance(value, enum_type):
         return value
-    for member in enum_type:
-        if member.value == value:
-            return member
+    # A dict lookup, not a loop over the enum class: older torch.compile versions cannot iterate one.
+    member = enum_type._value2member_map_.get(value) if isinstance(value, str) else None
+    if member is not None:
+        return member
     valid = ", ".join(repr(m.value) for m in enum_type)
     raise ValueError(f"{argument}={value!r} is not supported; valid values: {valid}")
 

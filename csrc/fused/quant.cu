@@ -26,9 +26,17 @@ __device__ __forceinline__ float to_float<__half>(__half x) { return __half2floa
 template <>
 __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
 
-__device__ __forceinline__ float warp_max(float v) {
+// Max of magnitudes (values >= 0, or NaN with a clear sign bit, as fabsf gives) that keeps NaN: such
+// floats order like their bit patterns, and a NaN's pattern is above +Inf's. fmaxf would drop a NaN,
+// turning a NaN input into a finite output where SDPA's is NaN; with it the scale becomes NaN and the
+// NaN reaches the scores it would reach in SDPA.
+__device__ __forceinline__ float amax2(float a, float b) {
+  return __uint_as_float(max(__float_as_uint(a), __float_as_uint(b)));
+}
+
+__device__ __forceinline__ float warp_amax(float v) {
 #pragma unroll
-  for (int o = kWarp / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = kWarp / 2; o > 0; o >>= 1) v = amax2(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
@@ -64,9 +72,9 @@ __global__ void quant_q_kernel(const T* __restrict__ q, Strides3 qs, int heads, 
   for (int e = 0; e < E; ++e) {
     const int d = lane * E + e;
     x[e] = d < head_dim ? to_float(row[d]) : 0.f;
-    amax = fmaxf(amax, fabsf(x[e]));
+    amax = amax2(amax, fabsf(x[e]));
   }
-  amax = warp_max(amax);
+  amax = warp_amax(amax);
   const float inv = inv_scale(kInt8Max, amax);
   const int64_t out_row = (static_cast<int64_t>(b) * heads + h) * n + token;
   int8_t packed[E];
@@ -95,7 +103,7 @@ template <typename T, int E>
 __global__ void quant_k_kernel(const T* __restrict__ k, Strides3 ks, int heads, int n, int head_dim, int block,
                                const float* __restrict__ k_mean, int8_t* __restrict__ k_int8,
                                int8_t* __restrict__ k_residual, float* __restrict__ k_scale) {
-  __shared__ float warp_amax[kWarps];
+  __shared__ float block_amax[kWarps];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int h = blockIdx.y, b = blockIdx.z;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * block;
@@ -114,14 +122,14 @@ __global__ void quant_k_kernel(const T* __restrict__ k, Strides3 ks, int heads, 
   float amax = 0.f;
   for (int64_t t = first + warp; t < last; t += kWarps) {
 #pragma unroll
-    for (int e = 0; e < E; ++e) amax = fmaxf(amax, fabsf(load(t, e)));
+    for (int e = 0; e < E; ++e) amax = amax2(amax, fabsf(load(t, e)));
   }
-  amax = warp_max(amax);
-  if (lane == 0) warp_amax[warp] = amax;
+  amax = warp_amax(amax);
+  if (lane == 0) block_amax[warp] = amax;
   __syncthreads();
   amax = 0.f;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) amax = fmaxf(amax, warp_amax[w]);
+  for (int w = 0; w < kWarps; ++w) amax = amax2(amax, block_amax[w]);
   const float inv = inv_scale(kInt8Max, amax);
   const int64_t row0 = (static_cast<int64_t>(b) * heads + h) * n;
   for (int64_t t = first + warp; t < last; t += kWarps) {

@@ -64,17 +64,23 @@ def _attn_blocks(
     """Online softmax over key blocks [lo, hi). EDGE: the blocks may reach past len_k or the diagonal.
     K_RESIDUAL: K is two INT8 digits (k1 at k_base, k2 at kr_base); the exact integer score is
     254 * (q . k1) + q . k2, which fits int32 (quant.K_RESIDUAL_MUL)."""
+    tile_n = tl.arange(0, BLOCK_N)
+    tile_m = rows - tl.min(rows, axis=0)  # rows of this program, from 0 (mask_base points at its first)
     for start_n in range(lo, hi, BLOCK_N):
-        cols = start_n + tl.arange(0, BLOCK_N)
+        cols = start_n + tile_n
         col_ok = cols < len_k
+        # 64-bit block bases (a scalar product per block), 32-bit offsets inside the tile: tensors of
+        # more than 2^31 elements stay addressable at no cost in the tile's address arithmetic.
+        n64 = start_n.to(tl.int64)
+        k_ptr = k_base + n64 * stride_kn + tile_n[:, None] * stride_kn + cols_d[None, :]
         if EDGE:
-            k = tl.load(k_base + cols[:, None] * stride_kn + cols_d[None, :], mask=col_ok[:, None], other=0)
+            k = tl.load(k_ptr, mask=col_ok[:, None], other=0)
         else:
-            k = tl.load(k_base + cols[:, None] * stride_kn + cols_d[None, :])
+            k = tl.load(k_ptr)
         k_scale = tl.load(ks_base + start_n // BLOCK_N)
         s_int = tl.dot(q, tl.trans(k), out_dtype=tl.int32)
         if K_RESIDUAL:
-            kr_ptr = kr_base + cols[:, None] * stride_kn + cols_d[None, :]
+            kr_ptr = kr_base + n64 * stride_kn + tile_n[:, None] * stride_kn + cols_d[None, :]
             if EDGE:
                 kr = tl.load(kr_ptr, mask=col_ok[:, None], other=0)
             else:
@@ -83,14 +89,14 @@ def _attn_blocks(
         s = s_int.to(tl.float32) * (q_scale * k_scale)[:, None]
         if MASK_KIND == MASK_ADD:
             add = tl.load(
-                mask_base + rows[:, None] * stride_mm + cols[None, :] * stride_mn,
+                mask_base + n64 * stride_mn + tile_m[:, None] * stride_mm + tile_n[None, :] * stride_mn,
                 mask=row_ok[:, None] & col_ok[None, :],
                 other=0.0,
             )
             s += add.to(tl.float32) * LOG2E
         if MASK_KIND == MASK_BOOL:
             keep = tl.load(
-                mask_base + rows[:, None] * stride_mm + cols[None, :] * stride_mn,
+                mask_base + n64 * stride_mn + tile_m[:, None] * stride_mm + tile_n[None, :] * stride_mn,
                 mask=row_ok[:, None] & col_ok[None, :],
                 other=0,
             )
@@ -108,7 +114,7 @@ def _attn_blocks(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None]
         if PV_FP8:
-            vt_ptr = v_base + cols_d[:, None] * stride_vd + cols[None, :] * stride_vn
+            vt_ptr = v_base + n64 * stride_vn + cols_d[:, None] * stride_vd + tile_n[None, :] * stride_vn
             if EDGE:
                 vt = tl.load(vt_ptr, mask=col_ok[None, :], other=0.0)
             else:
@@ -116,7 +122,7 @@ def _attn_blocks(
             p8 = (p * FP8_E4M3_MAX).to(tl.float8e4nv)
             acc = tl.dot(p8, tl.trans(vt), acc, max_num_imprecise_acc=BLOCK_N)
         else:
-            v_ptr = v_base + cols[:, None] * stride_vn + cols_d[None, :]
+            v_ptr = v_base + n64 * stride_vn + tile_n[:, None] * stride_vn + cols_d[None, :]
             d_ok = (cols_d < HEAD_DIM)[None, :]
             if EDGE:
                 v = tl.load(v_ptr, mask=col_ok[:, None] & d_ok, other=0.0)
@@ -184,15 +190,15 @@ def _attn_kernel(
     LSE_CORR: tl.constexpr,
     K_RESIDUAL: tl.constexpr,
 ):
-    pid_m, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_m, h, b = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
     if IS_CAUSAL:
         pid_m = tl.num_programs(0) - 1 - pid_m  # longest rows first: better tail balance
     hk = h // kv_group
     if VARLEN:
-        q0 = tl.load(cu_q + b)
-        len_q = tl.load(cu_q + b + 1) - q0
-        k0 = tl.load(cu_k + b)
-        len_k = tl.load(cu_k + b + 1) - k0
+        q0 = tl.load(cu_q + b).to(tl.int64)
+        len_q = tl.load(cu_q + b + 1) - q0.to(tl.int32)
+        k0 = tl.load(cu_k + b).to(tl.int64)
+        len_k = tl.load(cu_k + b + 1) - k0.to(tl.int32)
     else:
         q0 = 0
         len_q = nq
@@ -202,15 +208,17 @@ def _attn_kernel(
     if start_m >= len_q:
         return
 
-    rows = start_m + tl.arange(0, BLOCK_M)
+    tile_m = tl.arange(0, BLOCK_M)
+    rows = start_m + tile_m
     cols_d = tl.arange(0, D_PAD)
     row_ok = rows < len_q
+    row0 = q0 + start_m.to(tl.int64)  # 64-bit: this program's first row in the (packed) sequence dimension
     q = tl.load(
-        Q + b * stride_qb + h * stride_qh + (q0 + rows)[:, None] * stride_qn + cols_d[None, :],
+        Q + b * stride_qb + h * stride_qh + row0 * stride_qn + tile_m[:, None] * stride_qn + cols_d[None, :],
         mask=row_ok[:, None],
         other=0,
     )
-    q_scale = tl.load(QS + b * stride_qsb + h * stride_qsh + q0 + rows, mask=row_ok, other=0.0)
+    q_scale = tl.load(QS + b * stride_qsb + h * stride_qsh + row0 + tile_m, mask=row_ok, other=0.0)
 
     k_base = K + b * stride_kb + hk * stride_kh + k0 * stride_kn
     kr_base = k_base
@@ -232,7 +240,7 @@ def _attn_kernel(
         hi = tl.minimum(len_k, start_m + BLOCK_M)
     mask_base = MASK
     if MASK_KIND != MASK_NONE:
-        mask_base = MASK + b * stride_mb + h * stride_mh
+        mask_base = MASK + b * stride_mb + h * stride_mh + start_m.to(tl.int64) * stride_mm
     # fmt: off
     acc, l_i, m_i = _attn_blocks(
         acc, l_i, m_i, q, q_scale, k_base, kr_base, v_base, ks_base, mask_base, rows, row_ok, cols_d,
@@ -256,14 +264,15 @@ def _attn_kernel(
     if PV_FP8:
         v_scale = tl.load(VS + b * stride_vsb + hk * stride_vsh + cols_d, mask=cols_d < HEAD_DIM, other=0.0)
         out = out * v_scale[None, :]
+    o_base = OUT + b * stride_ob + h * stride_oh + row0 * stride_on
     tl.store(
-        OUT + b * stride_ob + h * stride_oh + (q0 + rows)[:, None] * stride_on + cols_d[None, :],
+        o_base + tile_m[:, None] * stride_on + cols_d[None, :],
         out.to(OUT.dtype.element_ty),
         mask=row_ok[:, None] & (cols_d < HEAD_DIM)[None, :],
     )
     if RETURN_LSE:
         lse = (m_i + tl.math.log2(l_i)) * LN2
-        l_off = b * stride_lb + h * stride_lh + rows
+        l_off = b * stride_lb + h * stride_lh + start_m + tile_m
         if LSE_CORR:
             lse += tl.load(CORR + l_off, mask=row_ok, other=0.0)
         tl.store(LSE + l_off, lse, mask=row_ok)

@@ -37,6 +37,14 @@ def _ieee_div(limit, amax):
 
 
 @triton.jit
+def _abs_bits(x):
+    """|x| as int32 bit patterns: non-negative floats (and a NaN with its sign cleared) order like
+    their patterns, with NaN above +Inf, so an integer max of them is a max that keeps NaN (tl.max
+    of floats drops it, which would turn a NaN input into a finite output where SDPA's is NaN)."""
+    return tl.abs(x).to(tl.int32, bitcast=True)
+
+
+@triton.jit
 def _seq_bounds(cu_seqlens, b, n, VARLEN: tl.constexpr):
     """(first row, length) of sequence b."""
     if VARLEN:
@@ -74,29 +82,29 @@ def _quant_q_kernel(
     WITH_CORR: tl.constexpr,
 ):
     """INT8 Q with one scale per token; optionally the LSE correction sm_scale * q . mean(k)."""
-    pid_n, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_n, h, b = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
     start, length = _seq_bounds(cu_seqlens, b, n, VARLEN)
-    rows = pid_n * BLOCK + tl.arange(0, BLOCK)
+    tile = tl.arange(0, BLOCK)
+    rows = pid_n * BLOCK + tile
+    row0 = (start + pid_n * BLOCK).to(tl.int64)  # 64-bit row base; 32-bit offsets inside the tile
     if pid_n * BLOCK >= length:
         return
     cols = tl.arange(0, D_PAD)
     rows_ok = rows < length
     valid = rows_ok[:, None] & (cols < head_dim)[None, :]
-    bx = b * stride_xb
-    x = tl.load(
-        X + bx + h * stride_xh + (start + rows)[:, None] * stride_xn + cols[None, :], mask=valid, other=0.0
-    )
+    bx = b * stride_xb + h * stride_xh + row0 * stride_xn
+    x = tl.load(X + bx + tile[:, None] * stride_xn + cols[None, :], mask=valid, other=0.0)
     x = x.to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=1)
+    amax = tl.max(_abs_bits(x), axis=1).to(tl.float32, bitcast=True)
     inv = tl.where(amax > 0, _ieee_div(INT8_MAX, amax), 0.0)
     xq = libdevice.rint(x * inv[:, None]).to(tl.int8)
     bq = b * stride_qb
     tl.store(
-        XQ + bq + h * stride_qh + (start + rows)[:, None] * stride_qn + cols[None, :],
+        XQ + bq + h * stride_qh + row0 * stride_qn + tile[:, None] * stride_qn + cols[None, :],
         xq,
         mask=rows_ok[:, None],
     )
-    srow = b * stride_sb + h * stride_sh + start + rows
+    srow = b * stride_sb + h * stride_sh + row0 + tile
     tl.store(XS + srow, amax * scale_mul, mask=rows_ok)
     if WITH_CORR:
         km = tl.load(
@@ -133,26 +141,26 @@ def _quant_k_kernel(
 ):
     """INT8 K, one scale per block of BLOCK tokens (the attention kernel's key block). RESIDUAL: also
     the second INT8 digit (XR, laid out like XQ) and the two-level scale (see quant.K_RESIDUAL_MUL)."""
-    pid_n, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_n, h, b = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
     start, length = _seq_bounds(cu_seqlens, b, n, VARLEN)
     if pid_n * BLOCK >= length:
         return
-    rows = pid_n * BLOCK + tl.arange(0, BLOCK)
+    tile = tl.arange(0, BLOCK)
+    rows = pid_n * BLOCK + tile
+    row0 = (start + pid_n * BLOCK).to(tl.int64)  # 64-bit row base; 32-bit offsets inside the tile
     cols = tl.arange(0, D_PAD)
     rows_ok = rows < length
     valid = rows_ok[:, None] & (cols < head_dim)[None, :]
-    bx = b * stride_xb
-    x = tl.load(
-        X + bx + h * stride_xh + (start + rows)[:, None] * stride_xn + cols[None, :], mask=valid, other=0.0
-    )
+    bx = b * stride_xb + h * stride_xh + row0 * stride_xn
+    x = tl.load(X + bx + tile[:, None] * stride_xn + cols[None, :], mask=valid, other=0.0)
     x = x.to(tl.float32)
     if SMOOTH:
         km = tl.load(KM + b * stride_kmb + h * stride_kmh + cols, mask=cols < head_dim, other=0.0)
         x = tl.where(valid, x - km[None, :], 0.0)
-    amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+    amax = tl.max(tl.max(_abs_bits(x), axis=1), axis=0).to(tl.float32, bitcast=True)
     inv = tl.where(amax > 0, _ieee_div(INT8_MAX, amax), 0.0)
     k1 = libdevice.rint(x * inv)
-    offs = b * stride_qb + h * stride_qh + (start + rows)[:, None] * stride_qn + cols[None, :]
+    offs = b * stride_qb + h * stride_qh + row0 * stride_qn + tile[:, None] * stride_qn + cols[None, :]
     tl.store(XQ + offs, k1.to(tl.int8), mask=rows_ok[:, None])
     if RESIDUAL:
         rest = tl.fma(x, inv, -k1)  # one rounding, as the reference computes it
@@ -183,18 +191,18 @@ def _quant_v_fp8_kernel(
     VARLEN: tl.constexpr,
 ):
     """FP8 e4m3 V with one scale per channel, written transposed: VT[b, h, d, token]."""
-    pid_n, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_n, h, b = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
     start, length = _seq_bounds(cu_seqlens, b, n, VARLEN)
     if pid_n * BLOCK >= length:
         return
-    rows = pid_n * BLOCK + tl.arange(0, BLOCK)
+    tile = tl.arange(0, BLOCK)
+    rows = pid_n * BLOCK + tile
+    row0 = (start + pid_n * BLOCK).to(tl.int64)  # 64-bit row base; 32-bit offsets inside the tile
     cols = tl.arange(0, D_PAD)
     rows_ok = rows < length
     valid = rows_ok[:, None] & (cols < head_dim)[None, :]
-    bx = b * stride_xb
-    x = tl.load(
-        X + bx + h * stride_xh + (start + rows)[:, None] * stride_xn + cols[None, :], mask=valid, other=0.0
-    )
+    bx = b * stride_xb + h * stride_xh + row0 * stride_xn
+    x = tl.load(X + bx + tile[:, None] * stride_xn + cols[None, :], mask=valid, other=0.0)
     amax = tl.load(VMAX + b * stride_mb + h * stride_mh + cols, mask=cols < head_dim, other=0.0)
     inv = tl.where(amax > 0, _ieee_div(FP8_E4M3_MAX, amax), 0.0)
     xq = (x.to(tl.float32) * inv[None, :]).to(tl.float8e4nv)
@@ -202,7 +210,7 @@ def _quant_v_fp8_kernel(
     # Store the transposed tile ([D, tokens], tokens contiguous) so that consecutive lanes write
     # consecutive bytes; storing [tokens, D] through transposed pointers scatters single bytes.
     tl.store(
-        VT + bt + h * stride_th + cols[:, None] * stride_td + (start + rows)[None, :],
+        VT + bt + h * stride_th + row0 + cols[:, None] * stride_td + tile[None, :],
         tl.trans(xq),
         mask=rows_ok[None, :],
     )
@@ -233,19 +241,20 @@ def _seq_stats_kernel(
     cols = tl.arange(0, D_PAD)
     ksum = tl.zeros([D_PAD], dtype=tl.float32)
     vmax = tl.zeros([D_PAD], dtype=tl.float32)
+    tile = tl.arange(0, BLOCK)
     for off in range(0, length, BLOCK):
-        rows = off + tl.arange(0, BLOCK)
+        rows = off + tile
+        row0 = (start + off).to(tl.int64)  # 64-bit row base (packed sequences can be long)
         valid = (rows < length)[:, None] & (cols < head_dim)[None, :]
         if SMOOTH:
-            k = tl.load(
-                K + h * stride_kh + (start + rows)[:, None] * stride_kn + cols[None, :], mask=valid, other=0.0
-            )
+            k_ptr = K + h * stride_kh + row0 * stride_kn + tile[:, None] * stride_kn + cols[None, :]
+            k = tl.load(k_ptr, mask=valid, other=0.0)
             ksum += tl.sum(k.to(tl.float32), axis=0)
         if V_AMAX:
-            v = tl.load(
-                V + h * stride_vh + (start + rows)[:, None] * stride_vn + cols[None, :], mask=valid, other=0.0
-            )
-            vmax = tl.maximum(vmax, tl.max(tl.abs(v.to(tl.float32)), axis=0))
+            v_ptr = V + h * stride_vh + row0 * stride_vn + tile[:, None] * stride_vn + cols[None, :]
+            v = tl.load(v_ptr, mask=valid, other=0.0)
+            block_max = tl.max(_abs_bits(v.to(tl.float32)), axis=0).to(tl.float32, bitcast=True)
+            vmax = tl.maximum(vmax, block_max, propagate_nan=tl.PropagateNan.ALL)
     out = b * stride_mb + h * stride_mh + cols
     if SMOOTH:
         tl.store(KM + out, ksum / tl.maximum(length, 1).to(tl.float32), mask=cols < head_dim)

@@ -1,17 +1,30 @@
-"""Helpers of the mma.sync kernel tests (test_cuda_sm80.py, test_cuda_sm89.py), handed out as the
-``mma`` fixture: input makers, the DESIGN.md protocol inputs, and checks whose failure messages say
-where the error sits in the kernels' tiling (128-row CTAs of 8 warps x 16 rows; a thread's output
-channels are 2 * (lane % 4) + {0, 1} of each 8), which usually tells a mask, a fragment layout, a key
-permutation or an unwritten tile apart."""
+"""Helpers of the GPU tests, handed out as fixtures:
+
+* ``mma``: the helpers of the mma.sync kernel tests (test_cuda_sm80.py, test_cuda_sm89.py), also used
+  elsewhere: input makers, the DESIGN.md protocol inputs, and checks whose failure messages say
+  where the error sits in the kernels' tiling (128-row CTAs of 8 warps x 16 rows; a thread's output
+  channels are 2 * (lane % 4) + {0, 1} of each 8), which usually tells a mask, a fragment layout, a
+  key permutation or an unwritten tile apart.
+* ``sage_backend``: parametrizes a test over every quantized entry point (``sageattn`` and the named
+  variants), skipping those that cannot run on this GPU, with the ``sage_ref`` options that
+  reproduce each one's quantization.
+* ``hold_stream``: keeps a stream busy for a while, to show what waits for it and what does not.
+"""
 
 from __future__ import annotations
 
+import importlib
 import math
+import os
 import types
+from dataclasses import dataclass
 
 import pytest
 import torch
 
+import sageattention
+from sageattention import dispatch
+from sageattention._checks import MAX_HEAD_DIM
 from sageattention.quant import PVDtype
 
 CTA_ROWS = 128  # query rows per CTA
@@ -143,3 +156,159 @@ def mma():
         check_exact=check_exact,
         check_lse=check_lse,
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# The quantized entry points, for tests parametrized over all of them
+
+
+@dataclass(frozen=True)
+class SageBackend:
+    """One quantized entry point and what it needs to run.
+
+    ``name`` is "sageattn" (whatever dispatch picks on this GPU) or the dispatch name of the backend
+    a named variant forces; ``function`` its name in ``sageattention``; ``pv`` its P·V precision (None
+    for sageattn, see ``resolve``); ``modules`` the compiled extensions it needs; ``key_block`` K's
+    quantization block of a compiled kernel (the Triton kernels' comes from
+    ``sageattention.triton.launch``).
+    """
+
+    name: str
+    function: str
+    pv: PVDtype | None
+    masks: bool
+    min_capability: tuple[int, int]
+    exact_capability: tuple[int, int] | None = None
+    modules: tuple[str, ...] = ()
+    key_block: int | None = None
+
+    @property
+    def compiled(self) -> bool:
+        return bool(self.modules)
+
+    def call(self, *args, **kwargs):
+        return getattr(sageattention, self.function)(*args, **kwargs)
+
+    def resolve(self, has_mask: bool = False, kv_len: int = 0) -> SageBackend:
+        """The backend that serves a call on the current GPU: itself, or for sageattn the one
+        dispatch picks for a call with ``kv_len`` keys (itself again when that is torch SDPA)."""
+        if self.pv is not None:
+            return self
+        request = dispatch.make_request(
+            "cuda", torch.cuda.current_device(), torch.bfloat16, MAX_HEAD_DIM, has_mask,
+            long_kv=kv_len >= dispatch.LONG_KV,
+        )  # fmt: skip
+        entry, _ = dispatch.decide(request)
+        return _BACKENDS_BY_NAME.get(entry.backend.name, self)
+
+    def reference_options(self, head_dim: int, has_mask: bool = False, kv_len: int = 0) -> dict:
+        """The ``sage_ref`` keyword arguments that reproduce this backend's quantization. The compiled
+        kernels hand head dims that are not a multiple of 8 to the Triton kernels of their P·V
+        precision (ops.cuda_attention)."""
+        backend = self.resolve(has_mask, kv_len)
+        if not backend.compiled or head_dim % 8:
+            from sageattention.triton.launch import reference_options  # noqa: PLC0415 - needs triton
+
+            return reference_options(backend.pv, head_dim)
+        # Q per token; K per kernel step; two INT8 digits of K with FP16 P·V (cuda_sm80)
+        return {
+            "pv": backend.pv,
+            "block_m": 1,
+            "block_n": backend.key_block,
+            "k_residual": backend.pv is PVDtype.FP16,
+        }
+
+    def skip_reason(self) -> str | None:
+        """Why this entry point cannot run on the current GPU, or None."""
+        if not torch.cuda.is_available():
+            return "needs a CUDA GPU"
+        capability = torch.cuda.get_device_capability()
+        arch = f"sm{capability[0]}{capability[1]}"
+        if self.exact_capability is not None and capability != self.exact_capability:
+            return f"needs sm{self.exact_capability[0]}{self.exact_capability[1]}, this GPU is {arch}"
+        if capability < self.min_capability:
+            return f"needs sm{self.min_capability[0]}{self.min_capability[1]} or newer, this GPU is {arch}"
+        for module in self.modules:
+            try:
+                importlib.import_module(f"sageattention.{module}")
+            except ImportError as exc:
+                return f"sageattention.{module} is not built: {exc}"
+        if not self.compiled:
+            try:
+                importlib.import_module("sageattention.triton")
+            except ImportError as exc:
+                return f"the Triton kernels cannot be imported: {exc}"
+        if self.pv is None and self.resolve().pv is None:
+            return f"sageattn runs torch SDPA (not quantized) on this {arch} GPU"
+        return None
+
+
+_FP16, _FP8 = PVDtype.FP16, PVDtype.FP8
+SAGE_BACKENDS = (
+    SageBackend("sageattn", "sageattn", None, masks=True, min_capability=(8, 0)),
+    SageBackend("triton_fp16", "sageattn_qk_int8_pv_fp16_triton", _FP16, masks=True, min_capability=(8, 0)),
+    SageBackend("triton_fp8", "sageattn_qk_int8_pv_fp8_triton", _FP8, masks=True, min_capability=(8, 9)),
+    SageBackend(
+        "cuda_sm80",
+        "sageattn_qk_int8_pv_fp16_cuda",
+        _FP16,
+        masks=False,
+        min_capability=(8, 0),
+        modules=("_qattn_sm80", "_fused"),
+        key_block=64,
+    ),
+    SageBackend(
+        "cuda_sm89",
+        "sageattn_qk_int8_pv_fp8_cuda",
+        _FP8,
+        masks=False,
+        min_capability=(8, 9),
+        modules=("_qattn_sm89", "_fused"),
+        key_block=64,
+    ),
+    SageBackend(
+        "cuda_sm90",
+        "sageattn_qk_int8_pv_fp8_cuda_sm90",
+        _FP8,
+        masks=False,
+        min_capability=(9, 0),
+        exact_capability=(9, 0),
+        modules=("_qattn_sm90", "_fused"),
+        key_block=128,
+    ),
+)
+_BACKENDS_BY_NAME = {b.name: b for b in SAGE_BACKENDS}
+
+
+@pytest.fixture(params=SAGE_BACKENDS, ids=[b.name for b in SAGE_BACKENDS])
+def sage_backend(request) -> SageBackend:
+    """Each quantized entry point in turn (a SageBackend): sageattn, the Triton FP16 and FP8 P·V
+    variants and the compiled sm80, sm89 and sm90 kernels; skipped where it cannot run (arch, not
+    built, no Triton)."""
+    why = request.param.skip_reason()
+    if why:
+        pytest.skip(why)
+    return request.param
+
+
+# --------------------------------------------------------------------------------------------------
+# A busy stream
+
+#: torch.cuda._sleep spins one GPU thread for this many clock cycles: about 0.25 s at 2 GHz, far longer
+#: than one call of the tests that use it (a few ms) and their checks.
+SLEEP_CYCLES = 500_000_000
+
+
+@pytest.fixture
+def hold_stream():
+    """hold_stream(device=None) queues a spin of SLEEP_CYCLES on the current stream of ``device`` (the
+    current device when None) and returns at once; work queued behind it waits, work on other
+    streams does not. Skips under CUDA_LAUNCH_BLOCKING=1, where every launch waits for the GPU."""
+    if os.environ.get("CUDA_LAUNCH_BLOCKING") == "1":
+        pytest.skip("CUDA_LAUNCH_BLOCKING=1: every launch waits for the GPU")
+
+    def hold(device=None):
+        with torch.cuda.device(device):
+            torch.cuda._sleep(SLEEP_CYCLES)
+
+    return hold

@@ -1,16 +1,18 @@
 """Property-based tests (hypothesis) of the quantized kernels on a GPU, over shapes, layouts, dtypes, GQA
 ratios, causal, lengths, masks, scales and strided inputs: the GPU side of tests/unit/test_fuzz_reference.py.
 
-Backends: every quantized one that can run on this GPU. The Triton kernels (FP16 P·V from sm80, FP8
-P·V from sm89), held to ``sage_ref`` with ``sageattention.triton.launch.reference_options`` (the
-kernels' own block sizes and K digits); and the sm_90a CUDA kernel
-(``sageattn_qk_int8_pv_fp8_cuda_sm90``, when built and on sm90), held to
-``sage_ref(pv=FP8, block_m=1, block_n=128)``. Properties, for each backend:
+Backends: every quantized entry point that can run on this GPU (conftest's ``sage_backend``):
+``sageattn`` (whatever dispatch picks here), the Triton kernels (FP16 P·V from sm80, FP8 P·V from
+sm89) and the compiled kernels (sm80 ``sageattn_qk_int8_pv_fp16_cuda``, sm89
+``sageattn_qk_int8_pv_fp8_cuda`` and sm_90a ``sageattn_qk_int8_pv_fp8_cuda_sm90``, where built; the
+mma.sync ones also run on newer GPUs), each held to ``sage_ref`` with the options that reproduce its
+quantization (``SageBackend.reference_options``: the kernels' own block sizes and K digits).
+Properties, for each backend:
 
-* the output has q's dtype and shape (and q's strides when q is dense), holds no NaN or Inf, and is
-  within conftest's TIGHT_BOUNDS of ``sage_ref`` (cosine, and max|out - ref| / max|ref|; the reasons
-  for the bounds are given there); the LSE within 1e-2 of ``sage_ref``'s, -inf exactly on rows a mask
-  leaves without a key, whose output is 0;
+* the output has q's dtype and shape (and q's strides over the dimensions longer than 1 when q is
+  dense), holds no NaN or Inf, and is within conftest's TIGHT_BOUNDS of ``sage_ref`` (cosine, and
+  max|out - ref| / max|ref|; the reasons for the bounds are given there); the LSE within 1e-2 of
+  ``sage_ref``'s, -inf exactly on rows a mask leaves without a key, whose output is 0;
 * two calls on the same inputs give the same bits (output and LSE);
 * a bad argument with CUDA tensors raises TypeError or ValueError naming it, before any kernel runs.
 
@@ -18,12 +20,12 @@ Budget: ``SAGEATTN_FUZZ_EXAMPLES`` examples per property and backend (default 60
 every run (hypothesis' own random seed); a failure prints the failing example and a
 ``@reproduce_failure`` blob, and ``pytest --hypothesis-seed=N`` repeats a run. On an H100 (torch 2.11,
 triton 3.6) the default budget takes 2 to 3.5 minutes per Triton backend, most of it Triton compiling a
-kernel for each new combination of head-dim tile, causal, mask kind and dtype.
+kernel for each new combination of head-dim tile, causal, mask kind and dtype (sageattn reuses the
+kernels of the backend it dispatches to; the compiled backends compile nothing).
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 import re
@@ -35,14 +37,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sageattention as sa
-from sageattention.quant import PVDtype
 from sageattention.reference import sage_ref
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
-launch = pytest.importorskip("sageattention.triton.launch")
+# head dims that are not a multiple of 8 run through the Triton kernels on every backend
+pytest.importorskip("sageattention.triton.launch")
 
 EXAMPLES = int(os.environ.get("SAGEATTN_FUZZ_EXAMPLES", "60"))
 FUZZ = settings(
@@ -56,60 +57,11 @@ FUZZ = settings(
         HealthCheck.data_too_large,
     ],
 )
-CAPABILITY = torch.cuda.get_device_capability()
 HEAD_DIMS = st.one_of(st.sampled_from([64, 128]), st.integers(1, 128))
 DTYPES = st.sampled_from([torch.float16, torch.bfloat16])
 #: The LSE against sage_ref's: one INT8 rounding flip (the K mean differs in its last bit) moves a short
 #: row by about 2e-3 (tests/gpu/test_triton_api.py).
 LSE_ATOL = 1e-2
-
-
-def _sm90_built() -> str | None:
-    """Why the sm_90a kernel cannot be fuzzed here, or None."""
-    if CAPABILITY != (9, 0):
-        return f"needs sm90, this GPU is sm{CAPABILITY[0]}{CAPABILITY[1]}"
-    for module in ("sageattention._qattn_sm90", "sageattention._fused"):
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            return f"{module} is not built: {exc}"
-    return None
-
-
-@dataclass(frozen=True)
-class Backend:
-    name: str
-    call: object
-    pv: PVDtype
-    masks: bool
-    min_capability: tuple[int, int]
-
-    def reference_options(self, head_dim: int) -> dict:
-        if self.name == "cuda_sm90":
-            # the kernel's Q per token and K per block of 128 keys (head dims that are not a multiple
-            # of 8 go through the Triton FP8 kernels, whose quantization is the same)
-            return {"pv": PVDtype.FP8, "block_m": 1, "block_n": 128}
-        return launch.reference_options(self.pv, head_dim)
-
-    def skip_reason(self) -> str | None:
-        if CAPABILITY < self.min_capability:
-            return f"needs sm{self.min_capability[0]}{self.min_capability[1]}"
-        return _sm90_built() if self.name == "cuda_sm90" else None
-
-
-BACKENDS = [
-    Backend("triton_fp16", sa.sageattn_qk_int8_pv_fp16_triton, PVDtype.FP16, True, (8, 0)),
-    Backend("triton_fp8", sa.sageattn_qk_int8_pv_fp8_triton, PVDtype.FP8, True, (8, 9)),
-    Backend("cuda_sm90", sa.sageattn_qk_int8_pv_fp8_cuda_sm90, PVDtype.FP8, False, (9, 0)),
-]
-
-
-@pytest.fixture(params=BACKENDS, ids=[b.name for b in BACKENDS])
-def backend(request) -> Backend:
-    why = request.param.skip_reason()
-    if why:
-        pytest.skip(why)
-    return request.param
 
 
 # --------------------------------------------------------------------------------------------------
@@ -181,7 +133,8 @@ def cases(draw, masks: bool) -> Case:
 
 @FUZZ
 @given(data=st.data())
-def test_kernel_matches_sage_ref_and_repeats_bit_for_bit(backend, metrics, data):
+def test_kernel_matches_sage_ref_and_repeats_bit_for_bit(sage_backend, metrics, data):
+    backend = sage_backend
     case = data.draw(cases(masks=backend.masks))
     sm_scale = data.draw(st.one_of(st.none(), st.floats(0.02, 0.5)))
     smooth_k = data.draw(st.booleans())
@@ -195,15 +148,19 @@ def test_kernel_matches_sage_ref_and_repeats_bit_for_bit(backend, metrics, data)
 
     assert out.dtype == q.dtype and out.shape == q.shape, (out.dtype, out.shape)
     assert out.stride()[-1] == 1
-    if not case.strided:
-        assert out.stride() == q.stride(), "the output is not stored in the caller's layout"
+    if not case.strided:  # the stride of a dimension of length 1 says nothing about the layout
+        strides = [(a, b) for a, b, n in zip(out.stride(), q.stride(), q.shape) if n > 1]
+        assert all(a == b for a, b in strides), "the output is not stored in the caller's layout"
     assert lse.dtype == torch.float32 and lse.shape == (case.b, case.hq, case.nq)
     metrics.assert_finite(out)
     assert torch.equal(out, again), "two calls on the same inputs gave different outputs"
     assert torch.equal(lse, lse_again), "two calls on the same inputs gave different LSEs"
 
-    ref, ref_lse = sage_ref(q, k, v, smooth_k=smooth_k, **backend.reference_options(case.d), **kw)
-    metrics.assert_tight(out, ref, backend.pv, f"{backend.name} vs sage_ref, {case}")
+    has_mask = attn_mask is not None
+    options = backend.reference_options(case.d, has_mask, kv_len=case.nk)
+    ref, ref_lse = sage_ref(q, k, v, smooth_k=smooth_k, **options, **kw)
+    pv = backend.resolve(has_mask, kv_len=case.nk).pv
+    metrics.assert_tight(out, ref, pv, f"{backend.name} vs sage_ref, {case}")
     alive = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), alive), "rows without a visible key must give an LSE of -inf"
     assert not torch.isnan(lse).any()
@@ -269,7 +226,8 @@ def bad_cuda_calls(draw):
 
 @FUZZ
 @given(bad=bad_cuda_calls())
-def test_bad_arguments_with_cuda_tensors(backend, bad):
+def test_bad_arguments_with_cuda_tensors(sage_backend, bad):
+    backend = sage_backend
     q, k, v, kw, exc, pattern = bad
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -84,3 +84,16 @@ def test_bad_arguments_still_raise_under_compile(inputs):
     compiled = _compile(lambda q, k, v: sa.sageattn(q, k, v, tensor_layout="XYZ"))
     with pytest.raises(Exception, match="tensor_layout"):
         compiled(q, k, v)
+
+
+def test_named_variant_options_trace_without_graph_break():
+    """The named variants parse qk_quant_gran / pv_accum_dtype strings inside the traced region."""
+    from sageattention._checks import check_pv_accum, check_qk_quant_gran
+
+    def fn(x):
+        gran = check_qk_quant_gran("per_thread", ("per_warp", "per_thread"))
+        accum = check_pv_accum("fp32+fp16")
+        return x * (2 if gran.value == "per_thread" else 3) + (1 if accum.value == "fp32+fp16" else 0)
+
+    x = torch.ones(3)
+    torch.testing.assert_close(_compile(fn)(x), fn(x))

@@ -118,8 +118,32 @@ def test_table_is_ordered_data_ending_with_sdpa():
     assert dispatch.TABLE[-1].route(req(None, "cpu"))
     names = [e.backend.name for e in dispatch.TABLE]
     assert names.index("cuda_sm89") < names.index("triton_fp16") < names.index("sdpa")
-    assert names.index("triton_fp8") < names.index("cuda_sm90")  # measured: see dispatch.TABLE
     assert set(dispatch.BACKENDS) == set(names)
+
+
+def test_sm90_takes_the_cuda_kernel_from_long_kv_only(built):
+    """Measured (dispatch.LONG_KV): Triton leads below LONG_KV keys, the CUDA kernel from there; either
+    stands in for the other when it is missing, and masks stay with Triton."""
+    built(cuda=ALL_CUDA)
+    assert chosen(req(long_kv=True)) == "cuda_sm90"
+    assert chosen(req(long_kv=False)) == "triton_fp8"
+    assert chosen(req(long_kv=True, has_mask=True)) == "triton_fp8"
+    built(cuda=ALL_CUDA - {"sm90"})
+    assert chosen(req(long_kv=True)) == "triton_fp8"
+    built(cuda=ALL_CUDA, triton=False)
+    assert chosen(req(long_kv=False)) == "cuda_sm90"
+
+
+def test_api_passes_long_kv_by_the_key_count(built, monkeypatch):
+    seen = []
+    monkeypatch.setattr(dispatch, "select", lambda *a, **kw: seen.append(a[-1]) or "sdpa")
+    import sageattention as sa
+
+    for nk in (dispatch.LONG_KV - 1, dispatch.LONG_KV):
+        q = torch.zeros(1, 1, 4, 32, dtype=BF16)
+        kv = torch.zeros(1, 1, nk, 32, dtype=BF16)
+        sa.sageattn(q, kv, kv, tensor_layout="HND")
+    assert seen == [False, True]
 
 
 def test_select_memoizes(built, monkeypatch):
