@@ -146,19 +146,21 @@ def cuda_attention(q, k, v, *, arch, attn_mask, is_causal, sm_scale, return_lse,
         return triton_attention(q, k, v, attn_mask=None, is_causal=is_causal, sm_scale=sm_scale,
                                 return_lse=return_lse, smooth_k=smooth_k, pv=pv, options={})  # fmt: skip
     args = {"is_causal": is_causal, "sm_scale": sm_scale, "smooth_k": smooth_k, "return_lse": return_lse}
-    with _on_device(q):
-        if arch == "sm80":
-            from .cuda_sm80 import attention_sm80  # noqa: PLC0415 - imports torch.ops of the built extension
+    # No device switch here: every compiled op holds a CUDAGuard on its inputs' GPU (csrc/bindings.cpp)
+    # and the torch reductions in the launchers run where their tensors are. This function is traced
+    # by torch.compile, where a Python context manager of our own would break the graph.
+    if arch == "sm80":
+        from .cuda_sm80 import attention_sm80  # noqa: PLC0415 - imports torch.ops of the built extension
 
-            return attention_sm80(q, k, v, pv_accum=_pv_accum(arch, options), **args)
-        if arch == "sm89":
-            from .cuda_sm89 import attention_sm89  # noqa: PLC0415 - imports torch.ops of the built extension
+        return attention_sm80(q, k, v, pv_accum=_pv_accum(arch, options), **args)
+    if arch == "sm89":
+        from .cuda_sm89 import attention_sm89  # noqa: PLC0415 - imports torch.ops of the built extension
 
-            return attention_sm89(q, k, v, pv_accum=_pv_accum(arch, options), **args)
-        if arch == "sm90":
-            from .cuda_sm90 import attention_sm90  # noqa: PLC0415 - imports torch.ops of the built extension
+        return attention_sm89(q, k, v, pv_accum=_pv_accum(arch, options), **args)
+    if arch == "sm90":
+        from .cuda_sm90 import attention_sm90  # noqa: PLC0415 - imports torch.ops of the built extension
 
-            return attention_sm90(q, k, v, **args)
+        return attention_sm90(q, k, v, **args)
     raise ValueError(f"arch={arch!r} has no compiled kernels; valid values: {', '.join(COMPILED_EXTENSIONS)}")
 
 
