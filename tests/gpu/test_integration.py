@@ -29,7 +29,12 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-sys.path.append(str(Path(__file__).resolve().parents[2]))  # `example` (pytest may run from elsewhere)
+# The repository's `example` package, first on the path: some environments install an unrelated
+# top-level module of that name (and pytest may run from elsewhere).
+_ROOT = str(Path(__file__).resolve().parents[2])
+sys.path.insert(0, _ROOT)
+if not str(getattr(sys.modules.get("example"), "__file__", _ROOT)).startswith(_ROOT):
+    del sys.modules["example"]
 
 from example import sdpa_monkeypatch as smp  # noqa: E402
 from example.measure import describe, format_table  # noqa: E402
