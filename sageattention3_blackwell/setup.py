@@ -8,8 +8,10 @@ Environment variables:
   SAGEATTN3_BUILD_CUDA   auto (default): compile when torch with CUDA and nvcc are present;
                          1: compile or fail; 0: pure-Python wheel. SAGEATTENTION_BUILD_CUDA (what
                          sagebuild sets) is read when this one is unset.
-  TORCH_CUDA_ARCH_LIST   archs to compile, from 10.0a and 12.0a (default "10.0a;12.0a"); "10.0" and
-                         "12.0" mean the same (the FP4 instructions exist only in the "a" targets).
+  TORCH_CUDA_ARCH_LIST   archs to compile, from 9.0a, 10.0a and 12.0a (default "10.0a;12.0a"); "10.0"
+                         and "12.0" mean the same (the FP4 instructions exist only in the "a" targets).
+                         9.0a is not a release arch: it builds the sm_100a attention path (FP4 decoded
+                         to fp16, mma.sync) and the quantization kernels for Hopper, where they are tested.
   NVCC_THREADS           nvcc threads per job.
 
 The kernels use inline PTX only; no CUTLASS headers are needed.
@@ -24,9 +26,13 @@ from pathlib import Path
 from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
-SOURCES = ["csrc/bindings.cpp", "csrc/quant_nvfp4.cu", "csrc/mma_smoke.cu"]
+SOURCES = ["csrc/bindings.cpp", "csrc/quant_nvfp4.cu", "csrc/attn_nvfp4.cu", "csrc/mma_smoke.cu"]
 # arch -> (nvcc target, macro telling the sources which families the module holds)
-ARCHS = {"10.0a": ("100a", "SAGE3_BUILT_SM100A"), "12.0a": ("120a", "SAGE3_BUILT_SM120A")}
+ARCHS = {
+    "9.0a": ("90a", "SAGE3_BUILT_SM90A"),
+    "10.0a": ("100a", "SAGE3_BUILT_SM100A"),
+    "12.0a": ("120a", "SAGE3_BUILT_SM120A"),
+}
 DEFAULT_ARCHS = "10.0a;12.0a"
 PURE_REQUIRES = ["torch>=2.4"]
 _BUILD_COMMANDS = {"build", "build_ext", "bdist_wheel", "bdist_egg", "editable_wheel", "install", "develop"}

@@ -9,6 +9,7 @@
 
 #include <optional>
 #include <tuple>
+#include <utility>
 
 #include "sage3_kernels.h"
 
@@ -67,6 +68,130 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_nvfp4_rows(cons
   return {codes, scales, gs, mode == 2 ? mean_t : at::empty({0}, f32)};
 }
 
+// v: [B, H, N, D] float16/bfloat16 -> V^T (codes [B, H, D, N_pad / 2], scales as uint8 [B, H, D, N_pad / 16],
+// block scales [B, H, N_pad / block]).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_nvfp4_vt(const at::Tensor& v, int64_t block) {
+  TORCH_CHECK(v.is_cuda() && v.dim() == 4, "v must be a 4-D CUDA tensor [B, H, N, D]");
+  TORCH_CHECK(v.scalar_type() == at::kHalf || v.scalar_type() == at::kBFloat16, "v must be float16 or bfloat16");
+  TORCH_CHECK(v.stride(3) == 1, "v must have a contiguous last dimension");
+  TORCH_CHECK(v.size(3) == 64 || v.size(3) == 128, "v: head dim must be 64 or 128, got ", v.size(3));
+  TORCH_CHECK(block == 128, "block must be 128");
+  const c10::cuda::CUDAGuard guard(v.device());
+  const int64_t b = v.size(0), h = v.size(1), n = v.size(2), d = v.size(3);
+  const int64_t n_pad = (n + block - 1) / block * block;
+  auto u8 = v.options().dtype(at::kByte);
+  auto codes = at::empty({b, h, d, n_pad / 2}, u8);
+  auto scales = at::empty({b, h, d, n_pad / 16}, u8);
+  auto gs = at::empty({b, h, n_pad / block}, v.options().dtype(at::kFloat));
+  sage3::VtQuantArgs args{v.data_ptr(),
+                          v.scalar_type() == at::kHalf ? sage3::InputType::kFloat16 : sage3::InputType::kBFloat16,
+                          v.stride(0), v.stride(1), v.stride(2),
+                          static_cast<int>(b), static_cast<int>(h), static_cast<int>(n), static_cast<int>(n_pad),
+                          static_cast<int>(d), static_cast<int>(block), codes.data_ptr<uint8_t>(),
+                          scales.data_ptr<uint8_t>(), gs.data_ptr<float>()};
+  check_cuda(sage3::launch_quant_vt(args, c10::cuda::getCurrentCUDAStream()), "quant_nvfp4_vt");
+  return {codes, scales, gs};
+}
+
+void check_operand(const at::Tensor& t, const char* name, at::ScalarType type, const at::Tensor& like) {
+  TORCH_CHECK(t.device() == like.device() && t.scalar_type() == type && t.is_contiguous(), name,
+              " must be a contiguous ", c10::toString(type), " tensor on ", like.device());
+}
+
+// NVFP4 attention on the outputs of quant_nvfp4_rows (Q, K) and quant_nvfp4_vt (V). Writes `out`
+// ([B, Hq, Nq, D] view, any strides with a contiguous last dimension, float16/bfloat16) and returns the
+// LSE [B, Hq, Nq] (natural log, without the K-mean term; an empty tensor unless return_lse).
+// mask: None, or [B, Hq, Nq, Nk] (broadcast strides allowed) bool/uint8 (keep where nonzero) or
+// float32 (added to the scores).
+at::Tensor attn_nvfp4(const at::Tensor& q_codes, const at::Tensor& q_scales, const at::Tensor& q_gs,
+                      const at::Tensor& k_codes, const at::Tensor& k_scales, const at::Tensor& k_gs,
+                      const at::Tensor& v_codes, const at::Tensor& v_scales, const at::Tensor& v_gs,
+                      const std::optional<at::Tensor>& corr, const std::optional<at::Tensor>& mask, at::Tensor out,
+                      int64_t nq, int64_t nk, bool is_causal, double qk_scale, bool return_lse) {
+  TORCH_CHECK(q_codes.is_cuda() && q_codes.dim() == 4, "q_codes must be a 4-D CUDA tensor");
+  const int64_t b = q_codes.size(0), hq = q_codes.size(1), nq_pad = q_codes.size(2), d = q_codes.size(3) * 2;
+  const int64_t hkv = k_codes.size(1), nk_pad = k_codes.size(2);
+  TORCH_CHECK(d == 64 || d == 128, "head dim must be 64 or 128, got ", d);
+  const std::pair<const at::Tensor*, const char*> bytes[] = {{&q_codes, "q_codes"}, {&q_scales, "q_scales"},
+                                                             {&k_codes, "k_codes"}, {&k_scales, "k_scales"},
+                                                             {&v_codes, "v_codes"}, {&v_scales, "v_scales"}};
+  for (const auto& [t, name] : bytes) check_operand(*t, name, at::kByte, q_codes);
+  const std::pair<const at::Tensor*, const char*> floats[] = {{&q_gs, "q_gs"}, {&k_gs, "k_gs"}, {&v_gs, "v_gs"}};
+  for (const auto& [t, name] : floats) check_operand(*t, name, at::kFloat, q_codes);
+  TORCH_CHECK(q_scales.sizes() == at::IntArrayRef({b, hq, nq_pad, d / 16}), "q_scales: wrong shape");
+  TORCH_CHECK(k_codes.dim() == 4 && k_codes.size(0) == b && k_codes.size(3) == d / 2 && hkv > 0 && hq % hkv == 0,
+              "k_codes must be [B, Hkv, Nk_pad, D / 2] with Hq a multiple of Hkv");
+  TORCH_CHECK(k_scales.sizes() == at::IntArrayRef({b, hkv, nk_pad, d / 16}), "k_scales: wrong shape");
+  TORCH_CHECK(v_codes.sizes() == at::IntArrayRef({b, hkv, d, nk_pad / 2}), "v_codes: wrong shape");
+  TORCH_CHECK(v_scales.sizes() == at::IntArrayRef({b, hkv, d, nk_pad / 16}), "v_scales: wrong shape");
+  TORCH_CHECK(q_gs.numel() == b * hq * (nq_pad / 128) && k_gs.numel() == b * hkv * (nk_pad / 128) &&
+                  v_gs.numel() == b * hkv * (nk_pad / 128),
+              "block scales: wrong sizes");
+  TORCH_CHECK(nq > 0 && nq <= nq_pad && nq_pad % 128 == 0 && nk > 0 && nk <= nk_pad && nk_pad % 128 == 0,
+              "nq, nk must fit the padded operands (padded to multiples of 128)");
+  TORCH_CHECK(out.device() == q_codes.device() && out.dim() == 4 && out.size(0) == b && out.size(1) == hq &&
+                  out.size(2) == nq && out.size(3) == d && out.stride(3) == 1 &&
+                  (out.scalar_type() == at::kHalf || out.scalar_type() == at::kBFloat16),
+              "out must be a float16/bfloat16 [B, Hq, Nq, D] tensor with a contiguous last dimension");
+  TORCH_CHECK(out.stride(2) % 2 == 0 && out.stride(1) % 2 == 0 && out.stride(0) % 2 == 0 &&
+                  reinterpret_cast<uintptr_t>(out.data_ptr()) % 4 == 0,
+              "out: the kernel stores pairs of channels; strides must be even");
+  at::Tensor corr_t;
+  if (corr.has_value()) {
+    corr_t = *corr;
+    check_operand(corr_t, "corr", at::kFloat, q_codes);
+    TORCH_CHECK(corr_t.numel() == b * hq * (nq_pad / 128) * nk, "corr must be [B, Hq, Nq_pad / 128, Nk]");
+  }
+  sage3::AttnArgs a{};
+  if (mask.has_value()) {
+    const at::Tensor& m = *mask;
+    TORCH_CHECK(m.device() == q_codes.device() && m.dim() == 4 && m.size(0) == b && m.size(1) == hq &&
+                    m.size(2) == nq && m.size(3) == nk,
+                "mask must be [B, Hq, Nq, Nk] (expanded) on q's device");
+    if (m.scalar_type() == at::kBool || m.scalar_type() == at::kByte) {
+      a.mask_kind = sage3::MaskKind::kBool;
+    } else {
+      TORCH_CHECK(m.scalar_type() == at::kFloat, "mask must be bool, uint8 or float32");
+      a.mask_kind = sage3::MaskKind::kAdditive;
+    }
+    a.mask = m.data_ptr();
+    a.mask_stride_b = m.stride(0);
+    a.mask_stride_h = m.stride(1);
+    a.mask_stride_m = m.stride(2);
+    a.mask_stride_n = m.stride(3);
+  }
+  const c10::cuda::CUDAGuard guard(q_codes.device());
+  at::Tensor lse = return_lse ? at::empty({b, hq, nq}, q_gs.options()) : at::empty({0}, q_gs.options());
+  a.q_codes = q_codes.data_ptr<uint8_t>();
+  a.q_scales = q_scales.data_ptr<uint8_t>();
+  a.q_gs = q_gs.data_ptr<float>();
+  a.k_codes = k_codes.data_ptr<uint8_t>();
+  a.k_scales = k_scales.data_ptr<uint8_t>();
+  a.k_gs = k_gs.data_ptr<float>();
+  a.v_codes = v_codes.data_ptr<uint8_t>();
+  a.v_scales = v_scales.data_ptr<uint8_t>();
+  a.v_gs = v_gs.data_ptr<float>();
+  a.corr = corr.has_value() ? corr_t.data_ptr<float>() : nullptr;
+  a.out = out.data_ptr();
+  a.out_type = out.scalar_type() == at::kHalf ? sage3::InputType::kFloat16 : sage3::InputType::kBFloat16;
+  a.out_stride_b = out.stride(0);
+  a.out_stride_h = out.stride(1);
+  a.out_stride_n = out.stride(2);
+  a.lse = return_lse ? lse.data_ptr<float>() : nullptr;
+  a.b = static_cast<int>(b);
+  a.hq = static_cast<int>(hq);
+  a.hkv = static_cast<int>(hkv);
+  a.nq = static_cast<int>(nq);
+  a.nk = static_cast<int>(nk);
+  a.nq_pad = static_cast<int>(nq_pad);
+  a.nk_pad = static_cast<int>(nk_pad);
+  a.d = static_cast<int>(d);
+  a.qk_scale = static_cast<float>(qk_scale);
+  a.causal = is_causal;
+  check_cuda(sage3::launch_attention(a, c10::cuda::getCurrentCUDAStream()), "attn_nvfp4");
+  return lse;
+}
+
 at::Tensor mma_nvfp4_smoke(const at::Tensor& a_codes, const at::Tensor& a_scales, const at::Tensor& b_codes,
                            const at::Tensor& b_scales) {
   const auto check = [](const at::Tensor& t, const char* name, int64_t rows, int64_t cols) {
@@ -89,16 +214,27 @@ at::Tensor mma_nvfp4_smoke(const at::Tensor& a_codes, const at::Tensor& a_scales
 
 int64_t compiled_families() { return sage3::compiled_families(); }
 
+// The family bit (1: sm_100a, 2: sm_120a, 4: sm_90a) of the current device if this module can run on it.
+int64_t device_family() { return sage3::device_family(); }
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(sageattn3, m) {
   m.def("quant_nvfp4_rows(Tensor x, int block, int mode, Tensor? mean) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("quant_nvfp4_vt(Tensor v, int block) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "attn_nvfp4(Tensor q_codes, Tensor q_scales, Tensor q_gs, Tensor k_codes, Tensor k_scales, Tensor k_gs, "
+      "Tensor v_codes, Tensor v_scales, Tensor v_gs, Tensor? corr, Tensor? mask, Tensor(a!) out, int nq, int nk, "
+      "bool is_causal, float qk_scale, bool return_lse) -> Tensor");
   m.def("mma_nvfp4_smoke(Tensor a_codes, Tensor a_scales, Tensor b_codes, Tensor b_scales) -> Tensor");
-  // No tensor arguments, so nothing to dispatch on: a catch-all kernel.
+  // No tensor arguments, so nothing to dispatch on: catch-all kernels.
   m.def("compiled_families() -> int", &compiled_families);
+  m.def("device_family() -> int", &device_family);
 }
 
 TORCH_LIBRARY_IMPL(sageattn3, CUDA, m) {
   m.impl("quant_nvfp4_rows", &quant_nvfp4_rows);
+  m.impl("quant_nvfp4_vt", &quant_nvfp4_vt);
+  m.impl("attn_nvfp4", &attn_nvfp4);
   m.impl("mma_nvfp4_smoke", &mma_nvfp4_smoke);
 }

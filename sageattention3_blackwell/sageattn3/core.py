@@ -1,13 +1,28 @@
-"""`sageattn3_blackwell`: argument checks, layout handling and the choice of implementation."""
+"""`sageattn3_blackwell`: argument checks, layout handling and the choice of implementation.
+
+Backends, chosen per call by `choose_backend`:
+
+* ``native``: the compiled kernels of ``sageattn3._C`` (NVFP4 quantization and attention), on the
+  GPUs a wheel holds SASS for: sm_120a (block-scaled FP4 tensor cores) and sm_100a (FP4 decoded to
+  fp16 in registers). The default on compute capability 10.0 and 12.0 when built.
+* ``triton``: the Triton kernels (sm80 and newer): the default elsewhere, and the fallback on
+  Blackwell when the extension is missing (one warning says why).
+* ``reference``: `sage3_ref` on the CPU (slow; the exact recipe).
+
+``SAGEATTN3_BACKEND=native|triton|reference`` forces one (``native`` also on an sm_90a test build,
+where the Hopper GPU runs the sm_100a code).
+"""
 
 from __future__ import annotations
 
 import math
+import os
+import warnings
 
 import torch
 
-from . import reference
-from .reference import Q_BLOCK, default_sm_scale, to_hnd
+from . import ops, reference
+from .reference import LOG2E, Q_BLOCK, default_sm_scale, to_hnd
 
 #: Head dims the kernels are built for.
 HEAD_DIMS = (64, 128)
@@ -89,9 +104,36 @@ def check_args(q, k, v, attn_mask, is_causal, per_block_mean, sm_scale, return_l
     return float(sm_scale)
 
 
+#: Compute capabilities whose default is the compiled kernels (the wheel's sm_100a and sm_120a targets).
+NATIVE_DEFAULT_CC = ((10, 0), (12, 0))
+BACKENDS = ("native", "triton", "reference")
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
 def choose_backend(device: torch.device) -> str:
-    """'triton' on CUDA GPUs of sm80 and newer; 'reference' (slow, exact recipe) elsewhere."""
-    if device.type == "cuda" and torch.cuda.get_device_capability(device) >= MIN_TRITON_CC:
+    """'native', 'triton' or 'reference' for tensors on `device` (see the module docstring)."""
+    forced = os.environ.get("SAGEATTN3_BACKEND", "").strip().lower()
+    if forced and forced not in BACKENDS:
+        raise ValueError(
+            f"SAGEATTN3_BACKEND={forced!r} is not supported; valid values: {', '.join(BACKENDS)}"
+        )
+    if device.type != "cuda" or forced == "reference":
+        return "reference"
+    cc = torch.cuda.get_device_capability(device)
+    if forced == "native" or (not forced and cc in NATIVE_DEFAULT_CC):
+        reason = ops.unavailable_reason(device)
+        if reason is None:
+            return "native"
+        if forced == "native":
+            raise RuntimeError(f"SAGEATTN3_BACKEND=native: the compiled kernels cannot run here: {reason}")
+        _warn_once(f"sageattn3: using the Triton kernels instead of the compiled ones: {reason}")
+    if cc >= MIN_TRITON_CC:
         return "triton"
     return "reference"
 
@@ -120,7 +162,12 @@ def sageattn3_blackwell(
     LSE [B, Hq, Nq] in float32. The inputs are never modified.
     """
     scale = check_args(q, k, v, attn_mask, is_causal, per_block_mean, sm_scale, return_lse, tensor_layout)
-    if choose_backend(q.device) == "reference":
+    backend = choose_backend(q.device)
+    if backend == "native":
+        return _native_forward(
+            q, k, v, attn_mask, is_causal, per_block_mean, scale, return_lse, tensor_layout
+        )
+    if backend == "reference":
         res = reference.sage3_ref(
             q, k, v, tensor_layout=tensor_layout, is_causal=is_causal, sm_scale=scale, attn_mask=attn_mask,
             per_block_mean=per_block_mean, block_n=BLOCK_N, return_lse=return_lse,
@@ -154,11 +201,7 @@ def _triton_forward(q, k, v, attn_mask, is_causal, per_block_mean, sm_scale, ret
         kq = quant.quantize_k(kh, BLOCK_N)
         vq = quant.quantize_vt(vh, BLOCK_N)
         k_mean = kq[3]
-        corr = None
-        if per_block_mean:
-            # q_mean . (k - k_mean): exact products summed in float64, rounded once (as the reference).
-            k_smooth = (kh.double() - k_mean.double().unsqueeze(2)).transpose(-1, -2)
-            corr = _grouped_matmul(qq[3].double(), k_smooth).float().contiguous()
+        corr = _smoothing_correction(qq[3], kh, k_mean) if per_block_mean else None
         out = torch.empty_like(q)  # the caller's layout
         lse = attention.attention_fp4(
             qq, kq, vq, nq=nq, nk=nk, corr=corr, attn_mask=attn_mask, is_causal=is_causal, sm_scale=sm_scale,
@@ -171,4 +214,50 @@ def _triton_forward(q, k, v, attn_mask, is_causal, per_block_mean, sm_scale, ret
     return out, lse + sm_scale * q_km
 
 
-__all__ = ["sageattn3_blackwell", "check_args", "choose_backend", "HEAD_DIMS", "BLOCK_N", "Q_BLOCK"]
+def _smoothing_correction(q_mean: torch.Tensor, kh: torch.Tensor, k_mean: torch.Tensor) -> torch.Tensor:
+    """q_mean . (k - k_mean) [B, Hq, nblk_q, Nk]: exact products summed in float64, rounded once (as
+    the reference)."""
+    k_smooth = (kh.double() - k_mean.double().unsqueeze(2)).transpose(-1, -2)
+    return _grouped_matmul(q_mean.double(), k_smooth).float().contiguous()
+
+
+def _native_forward(q, k, v, attn_mask, is_causal, per_block_mean, sm_scale, return_lse, tensor_layout):
+    """The compiled kernels: NVFP4 quantization of Q, K (smoothed) and V^T, then the attention kernel."""
+    qh, kh, vh = (_last_contiguous(to_hnd(x, tensor_layout)) for x in (q, k, v))
+    b, hq, nq, _ = qh.shape
+    nk = kh.shape[2]
+    kernels = torch.ops.sageattn3
+    with torch.cuda.device(q.device):
+        q_codes, q_scales, q_gs, q_mean = kernels.quant_nvfp4_rows(
+            qh, Q_BLOCK, 2 if per_block_mean else 0, None
+        )
+        k_mean = torch.mean(kh, dim=2, dtype=torch.float32)
+        k_codes, k_scales, k_gs, _ = kernels.quant_nvfp4_rows(kh, BLOCK_N, 1, k_mean)
+        v_codes, v_scales, v_gs = kernels.quant_nvfp4_vt(vh, BLOCK_N)
+        corr = _smoothing_correction(q_mean, kh, k_mean) if per_block_mean else None
+        mask = None
+        if attn_mask is not None:
+            # Convert the (small, broadcastable) mask first, then expand: stride 0 on broadcast dims.
+            small = attn_mask if attn_mask.dtype in (torch.bool, torch.float32) else attn_mask.float()
+            mask = small.expand(b, hq, nq, nk)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # the caller's layout
+        lse = kernels.attn_nvfp4(
+            q_codes, q_scales, q_gs, k_codes, k_scales, k_gs, v_codes, v_scales, v_gs, corr, mask,
+            to_hnd(out, tensor_layout), nq, nk, is_causal, sm_scale * LOG2E, return_lse,
+        )  # fmt: skip
+    if not return_lse:
+        return out
+    # The softmax ignored the per-row constant q . k_mean; the LSE needs it back.
+    q_km = _grouped_matmul(qh.float(), k_mean.unsqueeze(-1)).squeeze(-1)
+    return out, lse + sm_scale * q_km
+
+
+__all__ = [
+    "sageattn3_blackwell",
+    "check_args",
+    "choose_backend",
+    "BACKENDS",
+    "HEAD_DIMS",
+    "BLOCK_N",
+    "Q_BLOCK",
+]

@@ -1,14 +1,17 @@
-"""Puts the sageattn3 source tree on sys.path, so the tests run from the repository root
-(``python -m pytest sageattention3_blackwell/tests/unit``) without installing the package."""
+"""Puts the sageattn3 source tree (and this folder, for sage3_toolchain) on sys.path, so the tests run
+from the repository root (``python -m pytest sageattention3_blackwell/tests/unit``) without installing
+the package."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]
-if str(PACKAGE_ROOT) not in sys.path:
-    sys.path.insert(0, str(PACKAGE_ROOT))
+TESTS = Path(__file__).resolve().parent
+PACKAGE_ROOT = TESTS.parent
+for path in (PACKAGE_ROOT, TESTS):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
 
 def pytest_configure(config):

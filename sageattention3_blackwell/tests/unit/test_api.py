@@ -71,3 +71,15 @@ def test_selftest_on_cpu(capsys):
     assert main(["selftest"]) == 0
     text = capsys.readouterr().out
     assert "no GPU" in text and "FAIL" not in text
+
+
+def test_backend_choice_on_cpu(monkeypatch):
+    from sageattn3.core import choose_backend
+
+    cpu = torch.device("cpu")
+    assert choose_backend(cpu) == "reference"
+    monkeypatch.setenv("SAGEATTN3_BACKEND", "triton")
+    assert choose_backend(cpu) == "reference"  # no GPU: nothing else can run
+    monkeypatch.setenv("SAGEATTN3_BACKEND", "cutlass")
+    with pytest.raises(ValueError, match="SAGEATTN3_BACKEND"):
+        choose_backend(cpu)
