@@ -76,6 +76,8 @@ NOT_IN_CI = {
     "python3 -m pytest -m gpu tests/gpu/test_integration.py": _GPU,
     "python bench/bench_attention.py": _GPU,
     "python bench/accuracy.py": _GPU,
+    "python -m sageattn3 selftest": "needs an installed sageattn3 wheel and a GPU; its CPU tests run in CI "
+    "(sageattention3_blackwell/tests)",
     "python -m sagebuild build --target linux-sageattention-pytorch28-cu129-python312 --cuda-home "
     "/usr/local/cuda-12.9": "needs a CUDA 12.9 toolkit at that path; CI's machine has CUDA 13.0 "
     "(GitHub's build workflows build this target: docs/ci.md)",
