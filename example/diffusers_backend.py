@@ -41,7 +41,9 @@ if __package__ in (None, ""):  # run as `python example/diffusers_backend.py`
     sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from example.measure import (  # noqa: E402
+    CONTROL,
     cosine,
+    cudnn_first,
     default_device,
     describe,
     format_table,
@@ -184,15 +186,7 @@ def attention_sensitive(model, qk_norm_scale: float = 2.0, modulation_gain: floa
     return model
 
 
-def _cudnn_first():
-    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
-
-    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
-    return sdpa_kernel([*order, SDPBackend.MATH], set_priority=True)
-
-
 SDPA = "torch SDPA (native)"
-CONTROL = "control: uniform attention"
 
 
 def compare(model, inputs: dict, reps: int = 5, cudnn: bool = True) -> list[dict]:
@@ -212,7 +206,7 @@ def compare(model, inputs: dict, reps: int = 5, cudnn: bool = True) -> list[dict
     model.set_attention_backend("native")
     runs[SDPA] = run()
     if cudnn and device.type == "cuda":
-        with _cudnn_first():
+        with cudnn_first():
             runs["torch SDPA, cuDNN first"] = run()
     try:
         model.set_attention_backend("sage")

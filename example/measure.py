@@ -76,6 +76,18 @@ def format_table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+#: The row name of the negative control (uniform_attention) in the examples' tables.
+CONTROL = "control: uniform attention"
+
+
+def cudnn_first():
+    """torch SDPA with its cuDNN backend tried first (then flash, memory-efficient, math)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
+
+    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+    return sdpa_kernel([*order, SDPBackend.MATH], set_priority=True)
+
+
 @contextlib.contextmanager
 def uniform_attention():
     """Inside the block, F.scaled_dot_product_attention ignores the scores: each query averages the

@@ -32,7 +32,9 @@ if __package__ in (None, ""):  # run as `python example/transformers_attention.p
     sys.path.append(str(Path(__file__).resolve().parents[1]))
 
 from example.measure import (  # noqa: E402
+    CONTROL,
     cosine,
+    cudnn_first,
     default_device,
     describe,
     format_table,
@@ -209,15 +211,7 @@ def attention_sensitive(model, embedding_std: float = 1.0):
     return model
 
 
-def _cudnn_first():
-    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
-
-    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
-    return sdpa_kernel([*order, SDPBackend.MATH], set_priority=True)
-
-
 SDPA = "sdpa"
-CONTROL = "control: uniform attention"
 
 
 def compare(model, ids: torch.Tensor, attention_mask=None, reps: int = 5, cudnn: bool = True) -> list[dict]:
@@ -239,7 +233,7 @@ def compare(model, ids: torch.Tensor, attention_mask=None, reps: int = 5, cudnn:
     with implementation(model, "sdpa"):
         runs[SDPA] = run()
         if cudnn and device.type == "cuda":
-            with _cudnn_first():
+            with cudnn_first():
                 runs["sdpa, cuDNN first"] = run()
     with implementation(model, NAME):
         runs[f'attn_implementation="{NAME}"'] = run()

@@ -3,26 +3,18 @@ CUDA headers, a host C++ compiler, and the kernels built for the CPU (tests/emul
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
+# nvcc and cuobjdump are found as for sageattention's compile tests (one definition, tests/cuda_toolchain.py).
+from tests.cuda_toolchain import NVCC, cuobjdump  # noqa: F401 - re-exported to the sageattn3 tests
+
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 CSRC = PACKAGE_ROOT / "csrc"
 EMULATION = PACKAGE_ROOT / "tests" / "emulation"
 
-
-def _find_nvcc() -> str | None:
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home and (Path(home) / "bin" / "nvcc").is_file():
-            return str(Path(home) / "bin" / "nvcc")
-    return shutil.which("nvcc")
-
-
-#: nvcc from CUDA_HOME, CUDA_PATH, /usr/local/cuda or PATH; None when there is none.
-NVCC = _find_nvcc()
 #: g++ (or $CXX) for the emulation build.
 CXX = os.environ.get("CXX") or shutil.which("g++")
 
@@ -36,20 +28,6 @@ def cuda_include() -> Path | None:
         for candidate in (cuda / "include", cuda / "targets" / "x86_64-linux" / "include"):
             if (candidate / "cuda_fp16.h").is_file():
                 return candidate
-    return None
-
-
-def cuobjdump() -> str | None:
-    """cuobjdump next to nvcc, on PATH, or the copy the triton package ships."""
-    if NVCC is not None and Path(NVCC).with_name("cuobjdump").is_file():
-        return str(Path(NVCC).with_name("cuobjdump"))
-    if shutil.which("cuobjdump"):
-        return shutil.which("cuobjdump")
-    spec = importlib.util.find_spec("triton")
-    if spec is not None and spec.origin:
-        candidate = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        if candidate.is_file():
-            return str(candidate)
     return None
 
 
