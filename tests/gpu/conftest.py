@@ -2,9 +2,10 @@
 
 * ``mma``: the helpers of the mma.sync kernel tests (test_cuda_sm80.py, test_cuda_sm89.py), also used
   elsewhere: input makers, the DESIGN.md protocol inputs, and checks whose failure messages say
-  where the error sits in the kernels' tiling (128-row CTAs of 8 warps x 16 rows; a thread's output
-  channels are 2 * (lane % 4) + {0, 1} of each 8), which usually tells a mask, a fragment layout, a
-  key permutation or an unwritten tile apart.
+  where the error sits in the kernels' tiling (128-row CTAs of 8 warps x 16 rows, in the sm_90a
+  kernel two consumer warpgroups of 4 warps; a thread's output channels are 2 * (lane % 4) + {0, 1}
+  of each 8), which usually tells a mask, a fragment layout, a key permutation or an unwritten tile
+  apart.
 * ``sage_backend``: parametrizes a test over every quantized entry point (``sageattn`` and the named
   variants), skipping those that cannot run on this GPU, with the ``sage_ref`` options that
   reproduce each one's quantization.

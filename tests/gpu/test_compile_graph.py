@@ -97,32 +97,26 @@ def test_reduce_overhead_mode():
         torch.testing.assert_close(compiled(q, k, v).clone(), fn(q, k, v))
 
 
-# The compiled kernel families through their public variants (each runs on this GPU when it was built
-# for it: the mma.sync kernels for sm80/sm89 also run on sm90).
-_COMPILED = {
-    "sm80": ("sageattn_qk_int8_pv_fp16_cuda", {"pv_accum_dtype": "fp16+fp32"}),
-    "sm89": ("sageattn_qk_int8_pv_fp8_cuda", {"pv_accum_dtype": "fp32+fp16"}),
-    "sm90": ("sageattn_qk_int8_pv_fp8_cuda_sm90", {}),
+# The compiled kernel families through their public variants (conftest's sage_backend skips those this
+# GPU or build cannot run; the mma.sync kernels for sm80/sm89 also run on sm90). The mma.sync kernels
+# run a non-default accumulation, so that an option goes through the trace too.
+_COMPILED_OPTIONS = {
+    "cuda_sm80": {"pv_accum_dtype": "fp16+fp32"},
+    "cuda_sm89": {"pv_accum_dtype": "fp32+fp16"},
 }
 
 
-def _compiled_variant(arch):
-    from sageattention import ops
-
-    reason = ops.cuda_unavailable_reason(arch)
-    if reason is not None:
-        pytest.skip(reason)
-    if arch == "sm90" and torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the sm_90a kernel needs an sm90 GPU")
-    name, options = _COMPILED[arch]
-    fn = getattr(sa, name)
+def _compiled_variant(backend):
+    if not backend.compiled:
+        pytest.skip("not a compiled kernel (sageattn and the Triton kernels are traced above)")
+    fn = getattr(sa, backend.function)
+    options = _COMPILED_OPTIONS.get(backend.name, {})
     return lambda q, k, v: fn(q, k, v, tensor_layout="NHD", is_causal=True, return_lse=True, **options)
 
 
-@pytest.mark.parametrize("arch", sorted(_COMPILED))
-def test_compiled_variant_fullgraph(arch, metrics):
+def test_compiled_variant_fullgraph(sage_backend, metrics):
     """torch.compile(fullgraph=True) traces each compiled variant (quantization ops and kernel)."""
-    fn = _compiled_variant(arch)
+    fn = _compiled_variant(sage_backend)
     torch._dynamo.reset()
     compiled = torch.compile(fn, fullgraph=True)
     for n in (1000, 1537):
@@ -132,10 +126,9 @@ def test_compiled_variant_fullgraph(arch, metrics):
         torch.testing.assert_close(la, lb)
 
 
-@pytest.mark.parametrize("arch", sorted(_COMPILED))
-def test_compiled_variant_cuda_graph(arch):
+def test_compiled_variant_cuda_graph(sage_backend):
     """Each compiled variant captures into a CUDA graph and replays on new inputs bit for bit."""
-    fn = _compiled_variant(arch)
+    fn = _compiled_variant(sage_backend)
     static = [x.clone() for x in _qkv(777, seed=1)]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

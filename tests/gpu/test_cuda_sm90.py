@@ -26,9 +26,11 @@ each launch, default pingpong). They run the same instructions on the same data 
 orders, so their outputs must agree bit for bit: a difference means a race (a register or tile read
 before its wgmma or TMA copy completed, or overwritten while one still reads it).
 
-On failure the messages say where the error sits (batch, head, row, channel of the worst element;
-the worst heads, 128-row blocks, consumer warpgroup half and channels; where NaNs are), which is
-usually enough to tell a mask, a swizzle, a fragment layout or an unwritten tile apart.
+Inputs and checks come from conftest's ``mma`` fixture. Its failure messages say where the error
+sits in 128-row CTAs of 8 warps x 16 rows, which is this kernel's tiling too (two consumer
+warpgroups of 4 warps; warps 0-3 are the first warpgroup): batch, head, row, channel of the worst
+element, the worst heads, CTAs, warps and channels, where NaNs are. That is usually enough to tell a
+mask, a swizzle, a fragment layout or an unwritten tile apart.
 """
 
 from __future__ import annotations
@@ -61,15 +63,6 @@ ops = torch.ops.sageattention
 SM90_MODULE = "sageattention._qattn_sm90"
 
 
-def make(b, h, n, d, layout, dtype, seed, scale=1.0):
-    """A [B, H, N, D] view; NHD memory when layout == "NHD"."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    shape = (b, h, n, d) if layout == "HND" else (b, n, h, d)
-    x = torch.randn(shape, device="cuda", generator=gen) * scale
-    x = x.to(dtype)
-    return x if layout == "HND" else x.transpose(1, 2)
-
-
 def run_kernel(q, k, v, *, causal, return_lse=False, smooth_k=True):
     return attention_sm90(
         q, k, v, is_causal=causal, sm_scale=q.shape[-1] ** -0.5, smooth_k=smooth_k, return_lse=return_lse
@@ -83,81 +76,6 @@ def reference(q, k, v, *, causal, return_lse=False, smooth_k=True):
     )  # fmt: skip
 
 
-def poison_allocator(*shapes_dtypes):
-    """Hand NaN-filled blocks of these sizes back to the caching allocator, so the kernel's
-    torch.empty outputs most likely start as NaN: a row or channel it forgets to write shows."""
-    blocks = [torch.full(shape, math.nan, dtype=dtype, device="cuda") for shape, dtype in shapes_dtypes]
-    del blocks
-
-
-# --------------------------------------------------------------------------------------------------
-# Failure reports
-
-
-def _nan_as_inf(x: torch.Tensor) -> torch.Tensor:
-    return torch.where(torch.isnan(x), math.inf, x)
-
-
-def _top(values: torch.Tensor, names, k=4) -> str:
-    flat = values.flatten()
-    k = min(k, flat.numel())
-    top = torch.topk(_nan_as_inf(flat), k)
-    parts = []
-    for val, idx in zip(top.values.tolist(), top.indices.tolist()):
-        coords = torch.unravel_index(torch.tensor(idx), values.shape)
-        parts.append(", ".join(f"{n}={int(c)}" for n, c in zip(names, coords)) + f": {val:.4g}")
-    return "; ".join(parts)
-
-
-def where_it_differs(out: torch.Tensor, ref: torch.Tensor) -> str:
-    """Where |out - ref| is large, for [B, H, N, D] tensors (HND views)."""
-    o, r = out.double(), ref.double()
-    err = (o - r).abs()
-    b, h, n, d = err.shape
-    lines = [f"shape [B, H, N, D] = {list(err.shape)}, max|ref| = {r.abs().max().item():.4g}"]
-    nan = torch.isnan(o)
-    if nan.any():
-        rows = nan.any(dim=-1).nonzero().tolist()
-        chans = nan.any(dim=(0, 1, 2)).nonzero().flatten().tolist()
-        lines.append(f"NaN in {int(nan.sum())} elements; (b, h, row) of the first: {rows[:6]}")
-        lines.append(f"channels holding NaN: {chans[:16]}")
-        err = _nan_as_inf(err)
-    flat = int(torch.argmax(err.flatten()))
-    bi, hi, ni, di = (int(c) for c in torch.unravel_index(torch.tensor(flat), err.shape))
-    lines.append(
-        f"worst element b={bi} h={hi} row={ni} (row block {ni // 128}, row {ni % 128} in it) channel={di}: "
-        f"out={o[bi, hi, ni, di].item():.5g} ref={r[bi, hi, ni, di].item():.5g}"
-    )
-    lines.append("worst (b, h): " + _top(err.amax(dim=(2, 3)), ("b", "h")))
-    pad = (-n) % 128
-    row_err = torch.nn.functional.pad(err.amax(dim=-1), (0, pad)).view(b, h, -1, 128)
-    lines.append("worst 128-row blocks: " + _top(row_err.amax(dim=-1), ("b", "h", "block")))
-    halves = row_err.amax(dim=(0, 1, 2)).view(2, 64).amax(dim=-1).tolist()
-    lines.append(f"max error, rows 0-63 / 64-127 of a block (warpgroups): {halves[0]:.3g} / {halves[1]:.3g}")
-    in_warp = row_err.amax(dim=(0, 1, 2)).view(8, 16).amax(dim=0).tolist()
-    lines.append("max error by row within a warp's 16 rows: " + " ".join(f"{x:.2g}" for x in in_warp))
-    lines.append("worst channels: " + _top(err.amax(dim=(0, 1, 2)), ("channel",), k=6))
-    return "\n".join(lines)
-
-
-def check_tight(metrics, out, ref, what="vs sage_ref"):
-    """conftest's tight FP8 bound, with a description of the error pattern on failure."""
-    try:
-        metrics.assert_finite(out)
-        return metrics.assert_tight(out, ref, PVDtype.FP8, what)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{where_it_differs(out, ref)}") from None
-
-
-def check_lse(lse, ref_lse, atol, what="lse", rtol=0.0):
-    try:
-        assert not torch.isnan(lse).any(), f"NaN in {what}"
-        torch.testing.assert_close(lse.double(), ref_lse.double(), rtol=rtol, atol=atol)
-    except AssertionError as exc:
-        err = _nan_as_inf((lse.double() - ref_lse.double()).abs())
-        raise AssertionError(f"{what}: {exc}\nworst (b, h, row): {_top(err, ('b', 'h', 'row'))}") from None
-
-
 # --------------------------------------------------------------------------------------------------
 # FP8 V with permuted keys
 
@@ -165,8 +83,8 @@ def check_lse(lse, ref_lse, atol, what="lse", rtol=0.0):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("n,d", [(1, 128), (17, 64), (113, 72), (1000, 128), (4095, 40)])
 @pytest.mark.parametrize("pad_to", [16, 128])
-def test_quant_v_fp8_permute_keys_is_bit_exact(dtype, n, d, pad_to):
-    v = make(2, 3, n, d, "NHD", dtype, 1, scale=3.0)
+def test_quant_v_fp8_permute_keys_is_bit_exact(dtype, n, d, pad_to, mma):
+    v = mma.make(2, 3, n, d, "NHD", dtype, 1, scale=3.0)
     vmax = torch.linalg.vector_norm(v, ord=math.inf, dim=2, dtype=torch.float32)
     d_pad = 64 if d <= 64 else 128
     n_pad = -(-n // pad_to) * pad_to
@@ -189,8 +107,8 @@ def test_quant_v_fp8_permute_keys_is_bit_exact(dtype, n, d, pad_to):
         raise AssertionError(f"{len(bad)} bytes differ; first (b, h, channel, slot): {bad[:8].tolist()}")
 
 
-def test_quant_v_fp8_permute_keys_needs_groups_of_16():
-    v = make(1, 1, 20, 64, "HND", torch.float16, 2)
+def test_quant_v_fp8_permute_keys_needs_groups_of_16(mma):
+    v = mma.make(1, 1, 20, 64, "HND", torch.float16, 2)
     vmax = torch.linalg.vector_norm(v, ord=math.inf, dim=2, dtype=torch.float32)
     with pytest.raises(RuntimeError, match="multiple of 16"):
         ops.quant_v_fp8(v, vmax, 64, 24, True)
@@ -204,83 +122,70 @@ def test_quant_v_fp8_permute_keys_needs_groups_of_16():
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("n", [1, 17, 113, 1000, 4095])
 @pytest.mark.parametrize("d", [64, 128])
-def test_matches_sage_ref(metrics, layout, causal, n, d):
+def test_matches_sage_ref(metrics, layout, causal, n, d, mma):
     b, hq, hkv = 2, 8, 2  # GQA: 4 query heads per KV head
     dtype = torch.bfloat16 if n % 2 else torch.float16
-    q, k, v = (make(b, h, n, d, layout, dtype, seed) for h, seed in ((hq, 1), (hkv, 2), (hkv, 3)))
+    q, k, v = (mma.make(b, h, n, d, layout, dtype, seed) for h, seed in ((hq, 1), (hkv, 2), (hkv, 3)))
     k = k + 2.0  # a common offset that smooth-K removes
-    poison_allocator(((b, hq, n, d), dtype), ((b, hq, n), torch.float32))
+    mma.poison_allocator(((b, hq, n, d), dtype), ((b, hq, n), torch.float32))
     out, lse = run_kernel(q, k, v, causal=causal, return_lse=True)
     assert out.shape == q.shape and out.dtype == dtype and out.stride() == torch.empty_like(q).stride()
     ref, ref_lse = reference(q, k, v, causal=causal, return_lse=True)
-    check_tight(metrics, out, ref)
-    check_lse(lse, ref_lse, atol=2e-4)
+    mma.check_tight(metrics, out, ref, PVDtype.FP8)
+    mma.check_lse(lse, ref_lse, atol=2e-4)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize(
     "nq,nk", [(100, 300), (300, 100), (129, 64), (64, 129), (1, 1000), (1000, 1), (17, 4095), (4095, 113)]
 )
-def test_different_query_and_key_lengths(metrics, causal, nq, nk):
-    q = make(1, 4, nq, 128, "HND", torch.float16, 4)
-    k, v = make(1, 4, nk, 128, "HND", torch.float16, 5), make(1, 4, nk, 128, "HND", torch.float16, 6)
-    poison_allocator(((1, 4, nq, 128), torch.float16), ((1, 4, nq), torch.float32))
+def test_different_query_and_key_lengths(metrics, causal, nq, nk, mma):
+    q = mma.make(1, 4, nq, 128, "HND", torch.float16, 4)
+    k, v = mma.make(1, 4, nk, 128, "HND", torch.float16, 5), mma.make(1, 4, nk, 128, "HND", torch.float16, 6)
+    mma.poison_allocator(((1, 4, nq, 128), torch.float16), ((1, 4, nq), torch.float32))
     out, lse = run_kernel(q, k, v, causal=causal, return_lse=True)
     ref, ref_lse = reference(q, k, v, causal=causal, return_lse=True)
-    check_tight(metrics, out, ref)
-    check_lse(lse, ref_lse, atol=2e-4)
+    mma.check_tight(metrics, out, ref, PVDtype.FP8)
+    mma.check_lse(lse, ref_lse, atol=2e-4)
 
 
 @pytest.mark.parametrize("d", [40, 72, 96])
-def test_head_dims_below_the_tile(metrics, d):
-    q, k, v = (make(1, 4, 333, d, "NHD", torch.bfloat16, s) for s in (7, 8, 9))
-    poison_allocator(((1, 4, 333, d), torch.bfloat16))
+def test_head_dims_below_the_tile(metrics, d, mma):
+    q, k, v = (mma.make(1, 4, 333, d, "NHD", torch.bfloat16, s) for s in (7, 8, 9))
+    mma.poison_allocator(((1, 4, 333, d), torch.bfloat16))
     out, _ = run_kernel(q, k, v, causal=True)
     assert out.shape == q.shape
-    check_tight(metrics, out, reference(q, k, v, causal=True))
+    mma.check_tight(metrics, out, reference(q, k, v, causal=True), PVDtype.FP8)
 
 
 @pytest.mark.parametrize("kv_group", [1, 8])
 @pytest.mark.parametrize("d", [64, 128])
-def test_gqa_groups(metrics, kv_group, d):
-    q = make(1, 8, 500, d, "HND", torch.float16, 10)
+def test_gqa_groups(metrics, kv_group, d, mma):
+    q = mma.make(1, 8, 500, d, "HND", torch.float16, 10)
     hkv = 8 // kv_group
-    k, v = make(1, hkv, 500, d, "HND", torch.float16, 11), make(1, hkv, 500, d, "HND", torch.float16, 12)
+    k, v = (
+        mma.make(1, hkv, 500, d, "HND", torch.float16, 11),
+        mma.make(1, hkv, 500, d, "HND", torch.float16, 12),
+    )
     out, _ = run_kernel(q, k, v, causal=False)
-    check_tight(metrics, out, reference(q, k, v, causal=False))
-
-
-def make_protocol_inputs(kind: str, seed: int):
-    """b=1 h=8 n=4096 d=128 bf16 NHD views. "outlier": K plus a per-channel bias N(0, 8^2), four V
-    channels x10, Q x2."""
-    q, k, v = (make(1, 8, 4096, 128, "NHD", torch.float32, seed + i) for i in range(3))
-    if kind == "outlier":
-        gen = torch.Generator(device="cuda").manual_seed(seed + 3)
-        k = k + 8.0 * torch.randn(128, device="cuda", generator=gen)
-        v = v.clone()
-        v[..., :4] *= 10.0
-        q = q * 2.0
-    return tuple(x.to(torch.bfloat16) for x in (q, k, v))
+    mma.check_tight(metrics, out, reference(q, k, v, causal=False), PVDtype.FP8)
 
 
 @pytest.mark.parametrize("kind", ["randn", "outlier"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_against_float64(metrics, kind, causal):
+def test_against_float64(metrics, kind, causal, mma):
     """The accuracy promised to users (DESIGN.md protocol)."""
-    q, k, v = make_protocol_inputs(kind, 13)
+    q, k, v = mma.protocol_inputs(kind, 13)
     out, lse = run_kernel(q, k, v, causal=causal, return_lse=True)
     ref, ref_lse = attention_ref(q, k, v, is_causal=causal, return_lse=True)
-    try:
-        stats = metrics.assert_exact(out, ref, PVDtype.FP8)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{where_it_differs(out, ref)}") from None
+    stats = mma.check_exact(metrics, out, ref, PVDtype.FP8)
     print(f"sm90 {kind} causal={causal} vs float64: {metrics.fmt(stats)}")
     # The LSE carries the INT8 error of the scores (FP8 P·V does not enter it): a few 1e-3 for most
     # rows; the first causal rows see one or two keys, so their LSE is one score and keeps its full
     # INT8 error, which grows with |q| |k| (H100: up to 0.032 on randn, 0.067 on the outlier set). A
     # masking or scaling bug moves an LSE by O(1) (log 2 for a key counted twice).
-    check_lse(lse, ref_lse, atol=5e-2 if kind == "randn" else 0.1, what="lse vs float64")
-    check_tight(metrics, out, reference(q, k, v, causal=causal), what="vs sage_ref")
+    mma.check_lse(lse, ref_lse, atol=5e-2 if kind == "randn" else 0.1, what="lse vs float64")
+    mma.check_tight(metrics, out, reference(q, k, v, causal=causal), PVDtype.FP8, what="vs sage_ref")
 
 
 SCHEDULES = ("serial", "overlap", "pingpong")
@@ -289,50 +194,50 @@ SCHEDULES = ("serial", "overlap", "pingpong")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("nq,nk", [(64, 100), (200, 256), (300, 260), (1000, 1000), (129, 4095)])
-def test_schedules_agree_bit_for_bit(metrics, monkeypatch, causal, d, nq, nk):
+def test_schedules_agree_bit_for_bit(metrics, monkeypatch, causal, d, nq, nk, mma):
     """1, 2, 3, 8 and 32 key blocks (the overlapped schedules peel the last step off their loop;
     ping-pong's turn counting depends on the block count), GQA, both output dtypes."""
     dtype = torch.bfloat16 if nk % 2 == 0 else torch.float16
-    q = make(2, 4, nq, d, "NHD", dtype, 40)
-    k, v = make(2, 2, nk, d, "NHD", dtype, 41), make(2, 2, nk, d, "NHD", dtype, 42)
+    q = mma.make(2, 4, nq, d, "NHD", dtype, 40)
+    k, v = mma.make(2, 2, nk, d, "NHD", dtype, 41), mma.make(2, 2, nk, d, "NHD", dtype, 42)
     results = {}
     for schedule in SCHEDULES:
         monkeypatch.setenv("SAGEATTN_SM90_SCHEDULE", schedule)
-        poison_allocator(((2, 4, nq, d), dtype), ((2, 4, nq), torch.float32))
+        mma.poison_allocator(((2, 4, nq, d), dtype), ((2, 4, nq), torch.float32))
         results[schedule] = run_kernel(q, k, v, causal=causal, return_lse=True)
     out, lse = results["serial"]
-    check_tight(metrics, out, reference(q, k, v, causal=causal))
+    mma.check_tight(metrics, out, reference(q, k, v, causal=causal), PVDtype.FP8)
     for schedule in SCHEDULES[1:]:
         other, other_lse = results[schedule]
         if not torch.equal(other, out):
-            raise AssertionError(f"{schedule} differs from serial\n{where_it_differs(other, out)}")
+            raise AssertionError(f"{schedule} differs from serial\n{mma.where_it_differs(other, out)}")
         assert torch.equal(other_lse, lse), f"{schedule}: LSE differs from serial"
 
 
-def test_unknown_schedule_is_rejected(monkeypatch):
-    q, k, v = (make(1, 2, 70, 64, "HND", torch.float16, s) for s in (43, 44, 45))
+def test_unknown_schedule_is_rejected(monkeypatch, mma):
+    q, k, v = (mma.make(1, 2, 70, 64, "HND", torch.float16, s) for s in (43, 44, 45))
     monkeypatch.setenv("SAGEATTN_SM90_SCHEDULE", "fastest")
     with pytest.raises(RuntimeError, match="invalid argument"):
         run_kernel(q, k, v, causal=False)
 
 
-def test_without_smoothing_and_without_lse(metrics):
-    q, k, v = (make(1, 2, 200, 64, "HND", torch.float16, s) for s in (19, 20, 21))
+def test_without_smoothing_and_without_lse(metrics, mma):
+    q, k, v = (mma.make(1, 2, 200, 64, "HND", torch.float16, s) for s in (19, 20, 21))
     out, lse = run_kernel(q, k, v, causal=False, smooth_k=False)
     assert lse is None
-    check_tight(metrics, out, reference(q, k, v, causal=False, smooth_k=False))
+    mma.check_tight(metrics, out, reference(q, k, v, causal=False, smooth_k=False), PVDtype.FP8)
 
 
-def test_out_layout_follows_q():
-    q, k, v = (make(1, 2, 70, 64, "HND", torch.float16, s) for s in (22, 23, 24))
+def test_out_layout_follows_q(mma):
+    q, k, v = (mma.make(1, 2, 70, 64, "HND", torch.float16, s) for s in (22, 23, 24))
     a, _ = run_kernel(q, k, v, causal=False)
     c, _ = run_kernel(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, causal=False)
     assert a.is_contiguous() and c.transpose(1, 2).is_contiguous()
     assert torch.equal(a, c)
 
 
-def test_rejects_inputs_it_cannot_take():
-    q, k, v = (make(1, 2, 200, 64, "HND", torch.float16, s) for s in (28, 29, 30))
+def test_rejects_inputs_it_cannot_take(mma):
+    q, k, v = (mma.make(1, 2, 200, 64, "HND", torch.float16, s) for s in (28, 29, 30))
     km = k.mean(dim=2, dtype=torch.float32)
     vmax = torch.linalg.vector_norm(v, ord=math.inf, dim=2, dtype=torch.float32)
     qq, qs, _ = ops.quant_q_per_token(q, km, 0.125, 0.125 * LOG2E / 127, 64, 1, False)
@@ -357,9 +262,9 @@ def test_rejects_inputs_it_cannot_take():
         attend(out_dtype=torch.float32)
 
 
-def test_fake_implementation_matches():
+def test_fake_implementation_matches(mma):
     assert cuda_ops.registered(SM90_MODULE), cuda_ops.unavailable_reason(SM90_MODULE)
-    q, k, v = (make(1, 4, 130, 96, "NHD", torch.bfloat16, s) for s in (31, 32, 33))
+    q, k, v = (mma.make(1, 4, 130, 96, "NHD", torch.bfloat16, s) for s in (31, 32, 33))
     km = k.mean(dim=2, dtype=torch.float32)
     vmax = torch.linalg.vector_norm(v, ord=math.inf, dim=2, dtype=torch.float32)
     qq, qs, corr = ops.quant_q_per_token(q, km, 0.1, 0.1 * LOG2E / 127, 128, 1, True)
