@@ -168,6 +168,40 @@ __device__ __forceinline__ float ex2_approx(float x) {
   return y;
 }
 
+// exp2 on the FMA pipe, for a share of the scores: MUFU.EX2 runs at 16 results per clock and SM,
+// as many as the tensor cores need 8-bit MMA cycles for at D = 128, so the softmax's exp2 alone keep
+// the MUFU busy as long as the MMAs keep the tensor cores busy; moving some of them to the FMA pipe
+// (8 instructions instead of 1, issue slots the softmax has to spare) shortens that phase.
+// In: t = (arg - log2 448) / 128 + 1 saturated to [0, 1], i.e. arg = 448-scaled exponent clamped to
+// [log2 448 - 128, log2 448] (below, 2^arg < 2^-119 rounds to 0 in e4m3 and is nothing in the row sum
+// of at least 448). arg = j + f with j = round(arg) (the 1.5 * 2^23 rounding trick), |f| <= 1/2;
+// 2^f by a degree-3 polynomial (relative error 7.5e-5, fit to 2^f on [-1/2, 1/2] in relative error;
+// e4m3 keeps 3 mantissa bits, a relative step of 6e-2), and 2^j added to its exponent field: the low
+// bits of r = 1.5 * 2^23 + j hold j in two's complement, and r << 23 keeps just j << 23.
+constexpr float kExp2FmaSpan = 128.0f;
+// a * b + c clamped to [0, 1], one FFMA.SAT.
+__device__ __forceinline__ float fma_sat(float a, float b, float c) {
+  float y;
+  asm("fma.rn.ftz.sat.f32 %0, %1, %2, %3;\n" : "=f"(y) : "f"(a), "f"(b), "f"(c));
+  return y;
+}
+__device__ __forceinline__ float exp2_fma(float t) {
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
+  const float arg = fmaf(t, kExp2FmaSpan, kLog2Fp8Max - kExp2FmaSpan);
+  const float r = __fadd_rn(arg, kRound);
+  const float f = __fsub_rn(arg, __fsub_rn(r, kRound));
+  float p = fmaf(0.05517144f, f, 0.24261081f);
+  p = fmaf(p, f, 0.69326097f);
+  p = fmaf(p, f, 0.9999281f);
+  return __uint_as_float(__float_as_uint(p) + (__float_as_uint(r) << 23));
+}
+
+// Which column tiles of a row take exp2_fma (the last kFmaTiles of each 8).
+template <int kFmaTiles>
+__device__ __forceinline__ constexpr bool exp2_on_fma(int c) {
+  return c % 8 >= 8 - kFmaTiles / 2;
+}
+
 __device__ __forceinline__ void store_shared_f32x2(uint32_t addr, float a, float b) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
 }
@@ -204,7 +238,7 @@ __device__ __forceinline__ void issue_pv(float (&pv)[D / 2], const uint32_t (&pa
 // 8c + (e & 1) <= limit[i] (limit = last visible key - n0 - 2 quad). Out: x = 448 P in the
 // accumulator layout, alpha[i] = exp2(old max - new max) for the output; m_run and l_part (this
 // thread's share of 448 x the row sum) updated.
-template <bool kMask>
+template <bool kMask, int kFmaTiles>
 __device__ __forceinline__ void softmax_block(const int32_t (&s)[kSRegs], const float (&scale)[2],
                                               const int (&limit)[2], float (&m_run)[2], float (&l_part)[2],
                                               float (&alpha)[2], float (&x)[kSRegs]) {
@@ -232,17 +266,23 @@ __device__ __forceinline__ void softmax_block(const int32_t (&s)[kSRegs], const 
     alpha[i] = ex2_approx(m_run[i] - m_safe);
     m_run[i] = m_new;
     const float shift = kLog2Fp8Max - m_safe;
+    // The FMA-pipe exp2 of the column tiles that take it (see exp2_fma): t = (arg - log2 448) / 128 + 1.
+    const float t_mul = scale[i] * (1.0f / kExp2FmaSpan), t_add = fmaf(-m_safe, 1.0f / kExp2FmaSpan, 1.0f);
     float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int c = 0; c < kSTiles; ++c) {
 #pragma unroll
       for (int e = 2 * i; e < 2 * i + 2; ++e) {
         const int j = 4 * c + e;
-        float arg = fmaf(x[j], scale[i], shift);
-        // Masked again after the FFMA: -inf * scale is NaN when the scale is 0 (an all-zero row of
-        // Q or block of K), and such a key must still get P = 0.
-        if (kMask && 8 * c + (e & 1) > limit[i]) arg = neg_inf();
-        x[j] = ex2_approx(arg);  // 448 P
+        if (!kMask && exp2_on_fma<kFmaTiles>(c)) {
+          x[j] = exp2_fma(fma_sat(x[j], t_mul, t_add));  // 448 P
+        } else {
+          float arg = fmaf(x[j], scale[i], shift);
+          // Masked again after the FFMA: -inf * scale is NaN when the scale is 0 (an all-zero row of
+          // Q or block of K), and such a key must still get P = 0.
+          if (kMask && 8 * c + (e & 1) > limit[i]) arg = neg_inf();
+          x[j] = ex2_approx(arg);  // 448 P
+        }
         sum[(c % 2) * 2 + (e & 1)] += x[j];
       }
     }
@@ -264,7 +304,7 @@ __device__ __forceinline__ void pack_p(const float (&x)[kSRegs], uint32_t (&pa)[
   }
 }
 
-template <int D, bool kCausal, typename OutT, Sm90Schedule kSchedule>
+template <int D, bool kCausal, typename OutT, Sm90Schedule kSchedule, int kFmaTiles>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_int8_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const AttnSm90Args p) {
@@ -369,10 +409,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       int limit[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) limit[i] = (kCausal ? min(p.nk - 1, row[i]) : p.nk - 1) - n0 - 2 * quad;
-      softmax_block<true>(s, scale, limit, m_run, l_part, alpha, x);
+      softmax_block<true, kFmaTiles>(s, scale, limit, m_run, l_part, alpha, x);
     } else {
       const int limit[2] = {0, 0};  // unused
-      softmax_block<false>(s, scale, limit, m_run, l_part, alpha, x);
+      softmax_block<false, kFmaTiles>(s, scale, limit, m_run, l_part, alpha, x);
     }
   };
   // O = O * alpha + O_blk, once the P·V wgmma group of the block has completed; then this warp's
@@ -550,12 +590,12 @@ cudaError_t make_maps(const AttnSm90Args& a, CUtensorMap* tm_q, CUtensorMap* tm_
   return make_tensor_map_4d(tm_v, a.vt, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
-template <int D, bool kCausal, typename OutT, Sm90Schedule kSchedule>
+template <int D, bool kCausal, typename OutT, Sm90Schedule kSchedule, int kFmaTiles>
 cudaError_t launch(const AttnSm90Args& args, cudaStream_t stream) {
   CUtensorMap tm_q, tm_k, tm_v;
   cudaError_t err = make_maps<D>(args, &tm_q, &tm_k, &tm_v);
   if (err != cudaSuccess) return err;
-  auto* kernel = attn_int8_fp8_sm90_kernel<D, kCausal, OutT, kSchedule>;
+  auto* kernel = attn_int8_fp8_sm90_kernel<D, kCausal, OutT, kSchedule, kFmaTiles>;
   constexpr int kSmem = Smem<D>::kAlloc;  // above the 48 KiB default: opt in
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
@@ -564,24 +604,25 @@ cudaError_t launch(const AttnSm90Args& args, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <int D, bool kCausal, Sm90Schedule kSchedule>
+template <int D, bool kCausal, Sm90Schedule kSchedule, int kFmaTiles>
 cudaError_t launch_out(const AttnSm90Args& args, cudaStream_t stream) {
-  return args.out_type == HalfType::kFloat16 ? launch<D, kCausal, __half, kSchedule>(args, stream)
-                                             : launch<D, kCausal, __nv_bfloat16, kSchedule>(args, stream);
+  return args.out_type == HalfType::kFloat16 ? launch<D, kCausal, __half, kSchedule, kFmaTiles>(args, stream)
+                                             : launch<D, kCausal, __nv_bfloat16, kSchedule, kFmaTiles>(args, stream);
 }
 
-template <int D, Sm90Schedule kSchedule>
+template <int D, Sm90Schedule kSchedule, int kFmaTiles>
 cudaError_t launch_causal(const AttnSm90Args& args, cudaStream_t stream) {
-  return args.causal ? launch_out<D, true, kSchedule>(args, stream) : launch_out<D, false, kSchedule>(args, stream);
+  return args.causal ? launch_out<D, true, kSchedule, kFmaTiles>(args, stream)
+                     : launch_out<D, false, kSchedule, kFmaTiles>(args, stream);
 }
 
-template <Sm90Schedule kSchedule>
+template <Sm90Schedule kSchedule, int kFmaTiles = 0>
 cudaError_t launch_schedule(const AttnSm90Args& args, cudaStream_t stream) {
   switch (args.d_pad) {
     case 64:
-      return launch_causal<64, kSchedule>(args, stream);
+      return launch_causal<64, kSchedule, kFmaTiles>(args, stream);
     case 128:
-      return launch_causal<128, kSchedule>(args, stream);
+      return launch_causal<128, kSchedule, kFmaTiles>(args, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -625,7 +666,19 @@ cudaError_t launch_qk_int8_sv_f8_attn_sm90(const AttnSm90Args& args, cudaStream_
     case Sm90Schedule::kOverlap:
       return launch_schedule<Sm90Schedule::kOverlap>(args, stream);
     default:
-      return launch_schedule<Sm90Schedule::kPingPong>(args, stream);
+      break;
+  }
+  const char* fma = std::getenv("SAGEATTN_SM90_EXP2_FMA");
+  const int fma_tiles = fma == nullptr || fma[0] == '\0' ? 0 : std::atoi(fma);
+  switch (fma_tiles) {
+    case 0:
+      return launch_schedule<Sm90Schedule::kPingPong, 0>(args, stream);
+    case 2:
+      return launch_schedule<Sm90Schedule::kPingPong, 2>(args, stream);
+    case 4:
+      return launch_schedule<Sm90Schedule::kPingPong, 4>(args, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

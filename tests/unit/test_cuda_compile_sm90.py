@@ -163,6 +163,14 @@ def sass_functions(sass: str) -> dict[str, list[tuple[int, str]]]:
     return functions
 
 
+def fma_exp2_per_thread(name: str) -> int:
+    """Scores per thread and block whose exp2 the kernel computes on the FMA pipe (its kFmaTiles
+    template argument, the last one: column tiles per row; 2 rows x 2 scores per tile and thread)."""
+    found = re.search(r"Sm90ScheduleE\dELi(\d+)E", name)
+    assert found, f"no kFmaTiles in the kernel name {name}"
+    return 4 * int(found.group(1))
+
+
 def schedule_of(name: str) -> str:
     found = [schedule for key, schedule in SCHEDULES.items() if key in name]
     assert len(found) == 1, f"no schedule in the kernel name {name}"
@@ -342,10 +350,16 @@ def test_sass_softmax_overlaps_the_pv_wgmma(sm90_sass, source):
             assert not partial, f"{name}: the serial schedule has a partial wgmma wait"
             continue
         assert len(partial) >= 2, f"{name}: expected the loop's and the last step's partial waits"
+        on_fma = fma_exp2_per_thread(name)
         for i in partial:
             end = next(j for j in waits if j > i)
             exp2 = sum("MUFU.EX2" in text for _, text in code[i:end])
-            assert exp2 >= 64, f"{name}: only {exp2} MUFU.EX2 between {code[i][0]:05x} and {code[end][0]:05x}"
+            # The FMA-pipe exp2 end in an FFMA.SAT-fed chain; the masked last step uses MUFU only.
+            fma = sum("FFMA.FTZ.SAT" in text for _, text in code[i:end])
+            assert exp2 + fma >= 64 and fma in (0, on_fma), (
+                f"{name}: {exp2} MUFU.EX2 and {fma} FMA-pipe exp2 "
+                f"between {code[i][0]:05x} and {code[end][0]:05x}"
+            )
 
 
 @needs_nvcc
