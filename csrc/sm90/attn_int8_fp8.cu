@@ -238,13 +238,19 @@ __device__ __forceinline__ void issue_pv(float (&pv)[D / 2], const uint32_t (&pa
 // 8c + (e & 1) <= limit[i] (limit = last visible key - n0 - 2 quad). Out: x = 448 P in the
 // accumulator layout, alpha[i] = exp2(old max - new max) for the output; m_run and l_part (this
 // thread's share of 448 x the row sum) updated.
-template <bool kMask, int kFmaTiles>
+template <bool kMask, int kFmaTiles, bool kBiasCvt>
 __device__ __forceinline__ void softmax_block(const int32_t (&s)[kSRegs], const float (&scale)[2],
                                               const int (&limit)[2], float (&m_run)[2], float (&l_part)[2],
                                               float (&alpha)[2], float (&x)[kSRegs]) {
 #pragma unroll
   for (int j = 0; j < kSRegs; ++j) {
-    x[j] = static_cast<float>(s[j]);  // exact: |s| <= 2^21
+    // exact: |s| <= 2^21. kBiasCvt: the same value from an integer add and a float subtract (1.5 * 2^23
+    // + s is a float with the integer s in its low mantissa bits), ALU and FMA pipes instead of I2FP.
+    if constexpr (kBiasCvt) {
+      x[j] = __fsub_rn(__int_as_float(s[j] + 0x4B400000), 12582912.0f);
+    } else {
+      x[j] = static_cast<float>(s[j]);
+    }
     if (kMask && 8 * (j / 4) + (j & 1) > limit[(j / 2) % 2]) x[j] = neg_inf();
   }
 #pragma unroll
@@ -304,7 +310,7 @@ __device__ __forceinline__ void pack_p(const float (&x)[kSRegs], uint32_t (&pa)[
   }
 }
 
-template <int D, bool kCausal, typename OutT, Sm90Schedule kSchedule, int kFmaTiles>
+template <int D, bool kCausal, typename OutT, Sm90Schedule kSchedule, int kFmaTiles, bool kBiasCvt>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_int8_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const AttnSm90Args p) {
@@ -409,10 +415,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       int limit[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) limit[i] = (kCausal ? min(p.nk - 1, row[i]) : p.nk - 1) - n0 - 2 * quad;
-      softmax_block<true, kFmaTiles>(s, scale, limit, m_run, l_part, alpha, x);
+      softmax_block<true, kFmaTiles, kBiasCvt>(s, scale, limit, m_run, l_part, alpha, x);
     } else {
       const int limit[2] = {0, 0};  // unused
-      softmax_block<false, kFmaTiles>(s, scale, limit, m_run, l_part, alpha, x);
+      softmax_block<false, kFmaTiles, kBiasCvt>(s, scale, limit, m_run, l_part, alpha, x);
     }
   };
   // O = O * alpha + O_blk, once the P·V wgmma group of the block has completed; then this warp's
@@ -590,12 +596,12 @@ cudaError_t make_maps(const AttnSm90Args& a, CUtensorMap* tm_q, CUtensorMap* tm_
   return make_tensor_map_4d(tm_v, a.vt, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
-template <int D, bool kCausal, typename OutT, Sm90Schedule kSchedule, int kFmaTiles>
+template <int D, bool kCausal, typename OutT, Sm90Schedule kSchedule, int kFmaTiles, bool kBiasCvt>
 cudaError_t launch(const AttnSm90Args& args, cudaStream_t stream) {
   CUtensorMap tm_q, tm_k, tm_v;
   cudaError_t err = make_maps<D>(args, &tm_q, &tm_k, &tm_v);
   if (err != cudaSuccess) return err;
-  auto* kernel = attn_int8_fp8_sm90_kernel<D, kCausal, OutT, kSchedule, kFmaTiles>;
+  auto* kernel = attn_int8_fp8_sm90_kernel<D, kCausal, OutT, kSchedule, kFmaTiles, kBiasCvt>;
   constexpr int kSmem = Smem<D>::kAlloc;  // above the 48 KiB default: opt in
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
@@ -604,25 +610,26 @@ cudaError_t launch(const AttnSm90Args& args, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <int D, bool kCausal, Sm90Schedule kSchedule, int kFmaTiles>
+template <int D, bool kCausal, Sm90Schedule kSchedule, int kFmaTiles, bool kBiasCvt>
 cudaError_t launch_out(const AttnSm90Args& args, cudaStream_t stream) {
-  return args.out_type == HalfType::kFloat16 ? launch<D, kCausal, __half, kSchedule, kFmaTiles>(args, stream)
-                                             : launch<D, kCausal, __nv_bfloat16, kSchedule, kFmaTiles>(args, stream);
+  return args.out_type == HalfType::kFloat16
+             ? launch<D, kCausal, __half, kSchedule, kFmaTiles, kBiasCvt>(args, stream)
+             : launch<D, kCausal, __nv_bfloat16, kSchedule, kFmaTiles, kBiasCvt>(args, stream);
 }
 
-template <int D, Sm90Schedule kSchedule, int kFmaTiles>
+template <int D, Sm90Schedule kSchedule, int kFmaTiles, bool kBiasCvt>
 cudaError_t launch_causal(const AttnSm90Args& args, cudaStream_t stream) {
-  return args.causal ? launch_out<D, true, kSchedule, kFmaTiles>(args, stream)
-                     : launch_out<D, false, kSchedule, kFmaTiles>(args, stream);
+  return args.causal ? launch_out<D, true, kSchedule, kFmaTiles, kBiasCvt>(args, stream)
+                     : launch_out<D, false, kSchedule, kFmaTiles, kBiasCvt>(args, stream);
 }
 
-template <Sm90Schedule kSchedule, int kFmaTiles = 0>
+template <Sm90Schedule kSchedule, int kFmaTiles = 0, bool kBiasCvt = false>
 cudaError_t launch_schedule(const AttnSm90Args& args, cudaStream_t stream) {
   switch (args.d_pad) {
     case 64:
-      return launch_causal<64, kSchedule, kFmaTiles>(args, stream);
+      return launch_causal<64, kSchedule, kFmaTiles, kBiasCvt>(args, stream);
     case 128:
-      return launch_causal<128, kSchedule, kFmaTiles>(args, stream);
+      return launch_causal<128, kSchedule, kFmaTiles, kBiasCvt>(args, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -670,13 +677,21 @@ cudaError_t launch_qk_int8_sv_f8_attn_sm90(const AttnSm90Args& args, cudaStream_
   }
   const char* fma = std::getenv("SAGEATTN_SM90_EXP2_FMA");
   const int fma_tiles = fma == nullptr || fma[0] == '\0' ? 0 : std::atoi(fma);
-  switch (fma_tiles) {
+  const char* cvt = std::getenv("SAGEATTN_SM90_CVT");
+  const bool bias = cvt != nullptr && std::strcmp(cvt, "bias") == 0;
+  switch (fma_tiles * 2 + (bias ? 1 : 0)) {
     case 0:
-      return launch_schedule<Sm90Schedule::kPingPong, 0>(args, stream);
-    case 2:
-      return launch_schedule<Sm90Schedule::kPingPong, 2>(args, stream);
+      return launch_schedule<Sm90Schedule::kPingPong, 0, false>(args, stream);
+    case 1:
+      return launch_schedule<Sm90Schedule::kPingPong, 0, true>(args, stream);
     case 4:
-      return launch_schedule<Sm90Schedule::kPingPong, 4>(args, stream);
+      return launch_schedule<Sm90Schedule::kPingPong, 2, false>(args, stream);
+    case 5:
+      return launch_schedule<Sm90Schedule::kPingPong, 2, true>(args, stream);
+    case 8:
+      return launch_schedule<Sm90Schedule::kPingPong, 4, false>(args, stream);
+    case 9:
+      return launch_schedule<Sm90Schedule::kPingPong, 4, true>(args, stream);
     default:
       return cudaErrorInvalidValue;
   }
