@@ -40,8 +40,9 @@
 //
 // Softmax cost per score (non-masked blocks): I2FP (int32 -> f32, exact below 2^24: |dot| <=
 // 128 x 128^2 = 2^21), FMNMX for the row max, one FFMA x * (q_scale k_scale) + (log2(448) - m),
-// MUFU.EX2 (ex2.approx.ftz), FADD for the row sum, half an F2FP pack to e4m3, plus one FFMA per
-// output element for the promotion: 565 SASS instructions per thread and block at D = 128 (the
+// MUFU.EX2 (ex2.approx.ftz; for 1/8 of the scores a polynomial on the FMA pipe instead, exp2_fma),
+// FADD for the row sum, half an F2FP pack to e4m3, plus one FFMA per output element for the
+// promotion: 565 SASS instructions per thread and block at D = 128 (628 with exp2_fma; the
 // sequential version before this one: 796, 925 causal, with a multiply for the scale, a subtract,
 // a multiply by 448 and the mask's compare and select on every score of every block). Folding the
 // 448 of the FP8 range into the exponent makes exp2 return 448 P directly; the row sum is then
@@ -196,11 +197,12 @@ __device__ __forceinline__ float exp2_fma(float t) {
   return __uint_as_float(__float_as_uint(p) + (__float_as_uint(r) << 23));
 }
 
-// Which column tiles of a row take exp2_fma (the last kFmaTiles of each 8).
-template <int kFmaTiles>
-__device__ __forceinline__ constexpr bool exp2_on_fma(int c) {
-  return c % 8 >= 8 - kFmaTiles / 2;
-}
+// Column tiles (of 16) per row whose exp2 run on the FMA pipe: the last kFmaTiles / 2 of each 8, so
+// 4 * kFmaTiles of a thread's 64 scores per block (8 more instructions each). Measured on an H100,
+// full call, b=4 h=32 d=128, n=4096 / 16384 (bench/NOTES.md): 0 tiles 505 / 710 TOPS, 2 tiles 533 /
+// 742, 4 tiles 526 / 731.
+constexpr int kFmaTiles = 2;
+__device__ __forceinline__ constexpr bool exp2_on_fma(int c) { return c % 8 >= 8 - kFmaTiles / 2; }
 
 __device__ __forceinline__ void store_shared_f32x2(uint32_t addr, float a, float b) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
@@ -238,19 +240,13 @@ __device__ __forceinline__ void issue_pv(float (&pv)[D / 2], const uint32_t (&pa
 // 8c + (e & 1) <= limit[i] (limit = last visible key - n0 - 2 quad). Out: x = 448 P in the
 // accumulator layout, alpha[i] = exp2(old max - new max) for the output; m_run and l_part (this
 // thread's share of 448 x the row sum) updated.
-template <bool kMask, int kFmaTiles, bool kBiasCvt>
+template <bool kMask>
 __device__ __forceinline__ void softmax_block(const int32_t (&s)[kSRegs], const float (&scale)[2],
                                               const int (&limit)[2], float (&m_run)[2], float (&l_part)[2],
                                               float (&alpha)[2], float (&x)[kSRegs]) {
 #pragma unroll
   for (int j = 0; j < kSRegs; ++j) {
-    // exact: |s| <= 2^21. kBiasCvt: the same value from an integer add and a float subtract (1.5 * 2^23
-    // + s is a float with the integer s in its low mantissa bits), ALU and FMA pipes instead of I2FP.
-    if constexpr (kBiasCvt) {
-      x[j] = __fsub_rn(__int_as_float(s[j] + 0x4B400000), 12582912.0f);
-    } else {
-      x[j] = static_cast<float>(s[j]);
-    }
+    x[j] = static_cast<float>(s[j]);  // exact: |s| <= 2^21
     if (kMask && 8 * (j / 4) + (j & 1) > limit[(j / 2) % 2]) x[j] = neg_inf();
   }
 #pragma unroll
@@ -280,7 +276,7 @@ __device__ __forceinline__ void softmax_block(const int32_t (&s)[kSRegs], const 
 #pragma unroll
       for (int e = 2 * i; e < 2 * i + 2; ++e) {
         const int j = 4 * c + e;
-        if (!kMask && exp2_on_fma<kFmaTiles>(c)) {
+        if (!kMask && exp2_on_fma(c)) {
           x[j] = exp2_fma(fma_sat(x[j], t_mul, t_add));  // 448 P
         } else {
           float arg = fmaf(x[j], scale[i], shift);
@@ -310,7 +306,7 @@ __device__ __forceinline__ void pack_p(const float (&x)[kSRegs], uint32_t (&pa)[
   }
 }
 
-template <int D, bool kCausal, typename OutT, Sm90Schedule kSchedule, int kFmaTiles, bool kBiasCvt>
+template <int D, bool kCausal, typename OutT, Sm90Schedule kSchedule>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_int8_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const AttnSm90Args p) {
@@ -415,10 +411,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       int limit[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) limit[i] = (kCausal ? min(p.nk - 1, row[i]) : p.nk - 1) - n0 - 2 * quad;
-      softmax_block<true, kFmaTiles, kBiasCvt>(s, scale, limit, m_run, l_part, alpha, x);
+      softmax_block<true>(s, scale, limit, m_run, l_part, alpha, x);
     } else {
       const int limit[2] = {0, 0};  // unused
-      softmax_block<false, kFmaTiles, kBiasCvt>(s, scale, limit, m_run, l_part, alpha, x);
+      softmax_block<false>(s, scale, limit, m_run, l_part, alpha, x);
     }
   };
   // O = O * alpha + O_blk, once the P·V wgmma group of the block has completed; then this warp's
@@ -596,12 +592,12 @@ cudaError_t make_maps(const AttnSm90Args& a, CUtensorMap* tm_q, CUtensorMap* tm_
   return make_tensor_map_4d(tm_v, a.vt, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
-template <int D, bool kCausal, typename OutT, Sm90Schedule kSchedule, int kFmaTiles, bool kBiasCvt>
+template <int D, bool kCausal, typename OutT, Sm90Schedule kSchedule>
 cudaError_t launch(const AttnSm90Args& args, cudaStream_t stream) {
   CUtensorMap tm_q, tm_k, tm_v;
   cudaError_t err = make_maps<D>(args, &tm_q, &tm_k, &tm_v);
   if (err != cudaSuccess) return err;
-  auto* kernel = attn_int8_fp8_sm90_kernel<D, kCausal, OutT, kSchedule, kFmaTiles, kBiasCvt>;
+  auto* kernel = attn_int8_fp8_sm90_kernel<D, kCausal, OutT, kSchedule>;
   constexpr int kSmem = Smem<D>::kAlloc;  // above the 48 KiB default: opt in
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
@@ -610,26 +606,24 @@ cudaError_t launch(const AttnSm90Args& args, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <int D, bool kCausal, Sm90Schedule kSchedule, int kFmaTiles, bool kBiasCvt>
+template <int D, bool kCausal, Sm90Schedule kSchedule>
 cudaError_t launch_out(const AttnSm90Args& args, cudaStream_t stream) {
-  return args.out_type == HalfType::kFloat16
-             ? launch<D, kCausal, __half, kSchedule, kFmaTiles, kBiasCvt>(args, stream)
-             : launch<D, kCausal, __nv_bfloat16, kSchedule, kFmaTiles, kBiasCvt>(args, stream);
+  return args.out_type == HalfType::kFloat16 ? launch<D, kCausal, __half, kSchedule>(args, stream)
+                                             : launch<D, kCausal, __nv_bfloat16, kSchedule>(args, stream);
 }
 
-template <int D, Sm90Schedule kSchedule, int kFmaTiles, bool kBiasCvt>
+template <int D, Sm90Schedule kSchedule>
 cudaError_t launch_causal(const AttnSm90Args& args, cudaStream_t stream) {
-  return args.causal ? launch_out<D, true, kSchedule, kFmaTiles, kBiasCvt>(args, stream)
-                     : launch_out<D, false, kSchedule, kFmaTiles, kBiasCvt>(args, stream);
+  return args.causal ? launch_out<D, true, kSchedule>(args, stream) : launch_out<D, false, kSchedule>(args, stream);
 }
 
-template <Sm90Schedule kSchedule, int kFmaTiles = 0, bool kBiasCvt = false>
+template <Sm90Schedule kSchedule>
 cudaError_t launch_schedule(const AttnSm90Args& args, cudaStream_t stream) {
   switch (args.d_pad) {
     case 64:
-      return launch_causal<64, kSchedule, kFmaTiles, kBiasCvt>(args, stream);
+      return launch_causal<64, kSchedule>(args, stream);
     case 128:
-      return launch_causal<128, kSchedule, kFmaTiles, kBiasCvt>(args, stream);
+      return launch_causal<128, kSchedule>(args, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -673,27 +667,7 @@ cudaError_t launch_qk_int8_sv_f8_attn_sm90(const AttnSm90Args& args, cudaStream_
     case Sm90Schedule::kOverlap:
       return launch_schedule<Sm90Schedule::kOverlap>(args, stream);
     default:
-      break;
-  }
-  const char* fma = std::getenv("SAGEATTN_SM90_EXP2_FMA");
-  const int fma_tiles = fma == nullptr || fma[0] == '\0' ? 0 : std::atoi(fma);
-  const char* cvt = std::getenv("SAGEATTN_SM90_CVT");
-  const bool bias = cvt != nullptr && std::strcmp(cvt, "bias") == 0;
-  switch (fma_tiles * 2 + (bias ? 1 : 0)) {
-    case 0:
-      return launch_schedule<Sm90Schedule::kPingPong, 0, false>(args, stream);
-    case 1:
-      return launch_schedule<Sm90Schedule::kPingPong, 0, true>(args, stream);
-    case 4:
-      return launch_schedule<Sm90Schedule::kPingPong, 2, false>(args, stream);
-    case 5:
-      return launch_schedule<Sm90Schedule::kPingPong, 2, true>(args, stream);
-    case 8:
-      return launch_schedule<Sm90Schedule::kPingPong, 4, false>(args, stream);
-    case 9:
-      return launch_schedule<Sm90Schedule::kPingPong, 4, true>(args, stream);
-    default:
-      return cudaErrorInvalidValue;
+      return launch_schedule<Sm90Schedule::kPingPong>(args, stream);
   }
 }
 

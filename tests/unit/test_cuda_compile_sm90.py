@@ -163,11 +163,11 @@ def sass_functions(sass: str) -> dict[str, list[tuple[int, str]]]:
     return functions
 
 
-def fma_exp2_per_thread(name: str) -> int:
-    """Scores per thread and block whose exp2 the kernel computes on the FMA pipe (its kFmaTiles
-    template argument, the last one: column tiles per row; 2 rows x 2 scores per tile and thread)."""
-    found = re.search(r"Sm90ScheduleE\dELi(\d+)E", name)
-    assert found, f"no kFmaTiles in the kernel name {name}"
+def fma_exp2_per_thread(source: str) -> int:
+    """Scores per thread and block whose exp2 the kernel computes on the FMA pipe: 4 per column tile
+    of its kFmaTiles (2 rows x 2 scores per tile and thread)."""
+    found = re.search(r"constexpr int kFmaTiles = (\d+);", (ROOT / "csrc" / "sm90" / source).read_text())
+    assert found, f"no kFmaTiles in csrc/sm90/{source}"
     return 4 * int(found.group(1))
 
 
@@ -350,7 +350,7 @@ def test_sass_softmax_overlaps_the_pv_wgmma(sm90_sass, source):
             assert not partial, f"{name}: the serial schedule has a partial wgmma wait"
             continue
         assert len(partial) >= 2, f"{name}: expected the loop's and the last step's partial waits"
-        on_fma = fma_exp2_per_thread(name)
+        on_fma = fma_exp2_per_thread(source)
         for i in partial:
             end = next(j for j in waits if j > i)
             exp2 = sum("MUFU.EX2" in text for _, text in code[i:end])
