@@ -208,9 +208,28 @@ __device__ __forceinline__ void store_shared_f32x2(uint32_t addr, float a, float
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
 }
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+__device__ __forceinline__ float max2(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ int32_t max2(int32_t a, int32_t b) { return max(a, b); }
+
+template <typename T>
+__device__ __forceinline__ T quad_max(T x) {
+  x = max2(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return max2(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+// Max of row i's scores (i = 0: row `group`, 1: row group + 8) over the quad, in the accumulator
+// layout; four partial maxima keep the dependency chains short.
+template <typename T>
+__device__ __forceinline__ T row_max(const T (&v)[kSRegs], int i) {
+  T mx[4] = {v[2 * i], v[2 * i + 1], v[4 + 2 * i], v[5 + 2 * i]};
+#pragma unroll
+  for (int c = 2; c < kSTiles; c += 2) {
+    mx[0] = max2(mx[0], v[4 * c + 2 * i]);
+    mx[1] = max2(mx[1], v[4 * c + 2 * i + 1]);
+    mx[2] = max2(mx[2], v[4 * c + 4 + 2 * i]);
+    mx[3] = max2(mx[3], v[4 * c + 5 + 2 * i]);
+  }
+  return quad_max(max2(max2(mx[0], mx[1]), max2(mx[2], mx[3])));
 }
 
 __device__ __forceinline__ float quad_sum(float x) {
@@ -240,7 +259,7 @@ __device__ __forceinline__ void issue_pv(float (&pv)[D / 2], const uint32_t (&pa
 // 8c + (e & 1) <= limit[i] (limit = last visible key - n0 - 2 quad). Out: x = 448 P in the
 // accumulator layout, alpha[i] = exp2(old max - new max) for the output; m_run and l_part (this
 // thread's share of 448 x the row sum) updated.
-template <bool kMask>
+template <bool kMask, bool kIntMax>
 __device__ __forceinline__ void softmax_block(const int32_t (&s)[kSRegs], const float (&scale)[2],
                                               const int (&limit)[2], float (&m_run)[2], float (&l_part)[2],
                                               float (&alpha)[2], float (&x)[kSRegs]) {
@@ -251,16 +270,14 @@ __device__ __forceinline__ void softmax_block(const int32_t (&s)[kSRegs], const 
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    // Row max over the raw products: four partial maxima keep the dependency chains short.
-    float mx[4] = {x[2 * i], x[2 * i + 1], x[4 + 2 * i], x[5 + 2 * i]};
-#pragma unroll
-    for (int c = 2; c < kSTiles; c += 2) {
-      mx[0] = fmaxf(mx[0], x[4 * c + 2 * i]);
-      mx[1] = fmaxf(mx[1], x[4 * c + 2 * i + 1]);
-      mx[2] = fmaxf(mx[2], x[4 * c + 4 + 2 * i]);
-      mx[3] = fmaxf(mx[3], x[4 * c + 5 + 2 * i]);
+    // Row max over the raw products. Unmasked, over the INT32 scores themselves (the conversion is
+    // exact and monotonic, so it is the same value), which need not wait for the conversions.
+    float m_raw;
+    if constexpr (!kMask && kIntMax) {
+      m_raw = static_cast<float>(row_max(s, i));
+    } else {
+      m_raw = row_max(x, i);
     }
-    const float m_raw = quad_max(fmaxf(fmaxf(mx[0], mx[1]), fmaxf(mx[2], mx[3])));
     // Scaled once: max_j round(x_j * scale) = round(max_j x_j * scale) for scale >= 0. A row with
     // every key masked has m_raw = -inf, and -inf * 0 = NaN when its scale is 0: fmaxf drops it.
     const float m_new = fmaxf(m_run[i], m_raw * scale[i]);
@@ -306,7 +323,7 @@ __device__ __forceinline__ void pack_p(const float (&x)[kSRegs], uint32_t (&pa)[
   }
 }
 
-template <int D, bool kCausal, typename OutT, Sm90Schedule kSchedule>
+template <int D, bool kCausal, typename OutT, Sm90Schedule kSchedule, bool kIntMax>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_int8_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const AttnSm90Args p) {
@@ -411,10 +428,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       int limit[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) limit[i] = (kCausal ? min(p.nk - 1, row[i]) : p.nk - 1) - n0 - 2 * quad;
-      softmax_block<true>(s, scale, limit, m_run, l_part, alpha, x);
+      softmax_block<true, kIntMax>(s, scale, limit, m_run, l_part, alpha, x);
     } else {
       const int limit[2] = {0, 0};  // unused
-      softmax_block<false>(s, scale, limit, m_run, l_part, alpha, x);
+      softmax_block<false, kIntMax>(s, scale, limit, m_run, l_part, alpha, x);
     }
   };
   // O = O * alpha + O_blk, once the P·V wgmma group of the block has completed; then this warp's
@@ -597,7 +614,9 @@ cudaError_t launch(const AttnSm90Args& args, cudaStream_t stream) {
   CUtensorMap tm_q, tm_k, tm_v;
   cudaError_t err = make_maps<D>(args, &tm_q, &tm_k, &tm_v);
   if (err != cudaSuccess) return err;
-  auto* kernel = attn_int8_fp8_sm90_kernel<D, kCausal, OutT, kSchedule>;
+  const char* imax = std::getenv("SAGEATTN_SM90_IMAX");
+  auto* kernel = imax != nullptr && imax[0] == '1' ? attn_int8_fp8_sm90_kernel<D, kCausal, OutT, kSchedule, true>
+                                                    : attn_int8_fp8_sm90_kernel<D, kCausal, OutT, kSchedule, false>;
   constexpr int kSmem = Smem<D>::kAlloc;  // above the 48 KiB default: opt in
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
