@@ -39,10 +39,11 @@
 // softmax unless something pins the softmax before it (a shared-memory store, see the loop).
 //
 // Softmax cost per score (non-masked blocks): I2FP (int32 -> f32, exact below 2^24: |dot| <=
-// 128 x 128^2 = 2^21), FMNMX for the row max, one FFMA x * (q_scale k_scale) + (log2(448) - m),
-// MUFU.EX2 (ex2.approx.ftz; for 1/8 of the scores a polynomial on the FMA pipe instead, exp2_fma),
+// 128 x 128^2 = 2^21), 0.6 VIMNMX3 for the row max (over the INT32 scores), one FFMA
+// x * (q_scale k_scale) + (log2(448) - m), MUFU.EX2 (ex2.approx.ftz; for 1/8 of the scores a polynomial on the FMA pipe instead, exp2_fma),
 // FADD for the row sum, half an F2FP pack to e4m3, plus one FFMA per output element for the
-// promotion: 565 SASS instructions per thread and block at D = 128 (628 with exp2_fma; the
+// promotion: 565 SASS instructions per thread and block at D = 128 (602 with exp2_fma and the
+// integer max; the
 // sequential version before this one: 796, 925 causal, with a multiply for the scale, a subtract,
 // a multiply by 448 and the mask's compare and select on every score of every block). Folding the
 // 448 of the FP8 range into the exponent makes exp2 return 448 P directly; the row sum is then
@@ -259,7 +260,7 @@ __device__ __forceinline__ void issue_pv(float (&pv)[D / 2], const uint32_t (&pa
 // 8c + (e & 1) <= limit[i] (limit = last visible key - n0 - 2 quad). Out: x = 448 P in the
 // accumulator layout, alpha[i] = exp2(old max - new max) for the output; m_run and l_part (this
 // thread's share of 448 x the row sum) updated.
-template <bool kMask, bool kIntMax>
+template <bool kMask>
 __device__ __forceinline__ void softmax_block(const int32_t (&s)[kSRegs], const float (&scale)[2],
                                               const int (&limit)[2], float (&m_run)[2], float (&l_part)[2],
                                               float (&alpha)[2], float (&x)[kSRegs]) {
@@ -271,9 +272,11 @@ __device__ __forceinline__ void softmax_block(const int32_t (&s)[kSRegs], const 
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     // Row max over the raw products. Unmasked, over the INT32 scores themselves (the conversion is
-    // exact and monotonic, so it is the same value), which need not wait for the conversions.
+    // exact and monotonic, so it is the same value): it need not wait for the conversions, and ptxas
+    // fuses the integer maxima into 3-input VIMNMX3 (38 instructions instead of 68 FMNMX; measured
+    // +4% at n=16384, bench/NOTES.md).
     float m_raw;
-    if constexpr (!kMask && kIntMax) {
+    if constexpr (!kMask) {
       m_raw = static_cast<float>(row_max(s, i));
     } else {
       m_raw = row_max(x, i);
@@ -323,7 +326,7 @@ __device__ __forceinline__ void pack_p(const float (&x)[kSRegs], uint32_t (&pa)[
   }
 }
 
-template <int D, bool kCausal, typename OutT, Sm90Schedule kSchedule, bool kIntMax>
+template <int D, bool kCausal, typename OutT, Sm90Schedule kSchedule>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_int8_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const AttnSm90Args p) {
@@ -428,10 +431,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       int limit[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) limit[i] = (kCausal ? min(p.nk - 1, row[i]) : p.nk - 1) - n0 - 2 * quad;
-      softmax_block<true, kIntMax>(s, scale, limit, m_run, l_part, alpha, x);
+      softmax_block<true>(s, scale, limit, m_run, l_part, alpha, x);
     } else {
       const int limit[2] = {0, 0};  // unused
-      softmax_block<false, kIntMax>(s, scale, limit, m_run, l_part, alpha, x);
+      softmax_block<false>(s, scale, limit, m_run, l_part, alpha, x);
     }
   };
   // O = O * alpha + O_blk, once the P·V wgmma group of the block has completed; then this warp's
@@ -614,9 +617,7 @@ cudaError_t launch(const AttnSm90Args& args, cudaStream_t stream) {
   CUtensorMap tm_q, tm_k, tm_v;
   cudaError_t err = make_maps<D>(args, &tm_q, &tm_k, &tm_v);
   if (err != cudaSuccess) return err;
-  const char* imax = std::getenv("SAGEATTN_SM90_IMAX");
-  auto* kernel = imax != nullptr && imax[0] == '1' ? attn_int8_fp8_sm90_kernel<D, kCausal, OutT, kSchedule, true>
-                                                    : attn_int8_fp8_sm90_kernel<D, kCausal, OutT, kSchedule, false>;
+  auto* kernel = attn_int8_fp8_sm90_kernel<D, kCausal, OutT, kSchedule>;
   constexpr int kSmem = Smem<D>::kAlloc;  // above the 48 KiB default: opt in
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
