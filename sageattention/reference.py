@@ -184,14 +184,22 @@ def sage_ref(
     block_n: int = 64,
     k_residual: bool = False,
     return_lse: bool = False,
+    rowsum: str = "exact",
 ):
     """Simulated-quantization attention: what the Triton kernels compute, in float32 steps.
 
     ``k_residual``: K as two INT8 digits (``quantize_per_block_ref(residual=True)``), as the FP16-P·V
     kernels quantize it; the score is then the exact integer ``q1 . (254 k1 + k2)`` times the scales.
 
+    ``rowsum``: what the softmax divides by. ``"exact"``: the sum of P in float32 before it is rounded
+    for the P·V product. ``"rounded"``: the sum of the rounded P that multiplies V (the sm_90a kernel
+    has the tensor cores add it up, as a column of ones next to V), so the weights of every output
+    row add up to exactly one.
+
     Output is float32 in the caller's layout; LSE (natural log, float32, [B, Hq, Nq]) when asked.
     """
+    if rowsum not in ("exact", "rounded"):
+        raise ValueError(f'rowsum must be "exact" or "rounded", got {rowsum!r}')
     q, k, v = (to_hnd(t, tensor_layout) for t in (q, k, v))
     b, hq, nq, d = q.shape
     nk = k.shape[2]
@@ -232,16 +240,19 @@ def sage_ref(
         m_safe = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
         p = torch.exp2(s - m_safe.unsqueeze(-1))
         alpha = torch.exp2(m - m_safe)
-        l_sum = l_sum * alpha + p.sum(dim=-1)
         if pv is PVDtype.FP8:
             p_q = (p * FP8_E4M3_MAX).to(torch.float8_e4m3fn).float()
         else:
             p_q = p.to(torch.float16).float()
+        l_sum = l_sum * alpha + (p.sum(dim=-1) if rowsum == "exact" else p_q.sum(dim=-1))
         pv_blk = (p_q.double() @ v_q[:, :, start:stop].double()).float()
         acc = acc * alpha.unsqueeze(-1) + pv_blk
         m = m_new
 
-    denom = l_sum if pv is PVDtype.FP16 else l_sum * FP8_E4M3_MAX
+    p_scale = FP8_E4M3_MAX if pv is PVDtype.FP8 else 1.0  # p_q = p_scale * P, rounded
+    if rowsum == "rounded":
+        l_sum = l_sum / p_scale  # the sum of the rounded P, in the units of P
+    denom = l_sum * p_scale
     out = torch.where(denom.unsqueeze(-1) > 0, acc / denom.unsqueeze(-1), torch.zeros_like(acc))
     if v_scale is not None:
         out = out * _expand_kv(v_scale, hq).unsqueeze(2)

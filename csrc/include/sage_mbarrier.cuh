@@ -17,11 +17,17 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count));
 }
 
+// Orders this thread's earlier shared-memory writes before later accesses of the async proxy (TMA,
+// wgmma operands read from shared memory); the readers still need a barrier after it.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 // Makes the initialisations visible to the other threads and to the async proxy (TMA completes
 // transactions on these barriers): call once after the mbar_init calls, before a block-wide sync.
 __device__ __forceinline__ void mbar_fence_init() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  fence_proxy_async_shared();
 }
 
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {

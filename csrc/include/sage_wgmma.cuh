@@ -144,65 +144,43 @@ __device__ __forceinline__ void wgmma_m64n128k32_s32_s8<true>(int32_t (&d)[64], 
 
 // O_blk = P V: FP8 e4m3 x e4m3 -> FP32, 64 x N x 32 per warpgroup, P (A) from registers, Vᵀ (B)
 // from shared memory (K-major: keys contiguous per channel; FP8 wgmma has no transposed form).
+// N = 64 / 128 (the head dims) or 72 / 136 (a head dim and 8 more columns, see csrc/sm90).
 template <int N, bool kAccumulate>
 __device__ __forceinline__ void wgmma_m64nNk32_f32_e4m3(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b);
 
-template <>
-__device__ __forceinline__ void wgmma_m64nNk32_f32_e4m3<128, false>(float (&d)[64], const uint32_t (&a)[4],
-                                                                    uint64_t desc_b) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" SAGE_WG_REGS64
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n"
-      "}\n"
-      : SAGE_WG_OPS64("=f", d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(0));
-}
+// Both specializations (scale-d 0 with write-only accumulator operands, 1 with read-write ones) of
+// one N: its accumulator is NREG = N / 2 registers listed by OPS / REGS, followed by the A registers
+// (A4), the B descriptor (DESC) and the scale-d immediate (PRED), spelled as operand numbers.
+#define SAGE_WGMMA_F32_E4M3_AS(N, NREG, K, C, OPS, REGS, A4, DESC, PRED, SCALE_D)                              \
+  template <>                                                                                                 \
+  __device__ __forceinline__ void wgmma_m64nNk32_f32_e4m3<N, K>(float(&d)[NREG], const uint32_t(&a)[4],        \
+                                                                uint64_t desc_b) {                            \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " PRED ", 0;\n"                                            \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 {" REGS "}, " A4 ", " DESC           \
+                 ", p, 1, 1;\n}\n"                                                                             \
+                 : OPS(C, d)                                                                                  \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(SCALE_D));                     \
+  }
+#define SAGE_WGMMA_F32_E4M3(N, NREG, OPS, REGS, A4, DESC, PRED)          \
+  SAGE_WGMMA_F32_E4M3_AS(N, NREG, false, "=f", OPS, REGS, A4, DESC, PRED, 0) \
+  SAGE_WGMMA_F32_E4M3_AS(N, NREG, true, "+f", OPS, REGS, A4, DESC, PRED, 1)
 
-template <>
-__device__ __forceinline__ void wgmma_m64nNk32_f32_e4m3<128, true>(float (&d)[64], const uint32_t (&a)[4],
-                                                                   uint64_t desc_b) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" SAGE_WG_REGS64
-      "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n"
-      "}\n"
-      : SAGE_WG_OPS64("+f", d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
-}
+#define SAGE_WG_OPS36(c, d) SAGE_WG_OPS32(c, d), c(d[32]), c(d[33]), c(d[34]), c(d[35])
+#define SAGE_WG_OPS68(c, d) SAGE_WG_OPS64(c, d), c(d[64]), c(d[65]), c(d[66]), c(d[67])
+#define SAGE_WG_REGS36 SAGE_WG_REGS32 ", %32, %33, %34, %35"
+#define SAGE_WG_REGS68 SAGE_WG_REGS64 ", %64, %65, %66, %67"
 
-template <>
-__device__ __forceinline__ void wgmma_m64nNk32_f32_e4m3<64, false>(float (&d)[32], const uint32_t (&a)[4],
-                                                                   uint64_t desc_b) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {" SAGE_WG_REGS32
-      "}, {%32, %33, %34, %35}, %36, p, 1, 1;\n"
-      "}\n"
-      : SAGE_WG_OPS32("=f", d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(0));
-}
+SAGE_WGMMA_F32_E4M3(64, 32, SAGE_WG_OPS32, SAGE_WG_REGS32, "{%32, %33, %34, %35}", "%36", "%37")
+SAGE_WGMMA_F32_E4M3(72, 36, SAGE_WG_OPS36, SAGE_WG_REGS36, "{%36, %37, %38, %39}", "%40", "%41")
+SAGE_WGMMA_F32_E4M3(128, 64, SAGE_WG_OPS64, SAGE_WG_REGS64, "{%64, %65, %66, %67}", "%68", "%69")
+SAGE_WGMMA_F32_E4M3(136, 68, SAGE_WG_OPS68, SAGE_WG_REGS68, "{%68, %69, %70, %71}", "%72", "%73")
 
-template <>
-__device__ __forceinline__ void wgmma_m64nNk32_f32_e4m3<64, true>(float (&d)[32], const uint32_t (&a)[4],
-                                                                  uint64_t desc_b) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {" SAGE_WG_REGS32
-      "}, {%32, %33, %34, %35}, %36, p, 1, 1;\n"
-      "}\n"
-      : SAGE_WG_OPS32("+f", d)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
-}
-
+#undef SAGE_WGMMA_F32_E4M3
+#undef SAGE_WGMMA_F32_E4M3_AS
+#undef SAGE_WG_OPS36
+#undef SAGE_WG_OPS68
+#undef SAGE_WG_REGS36
+#undef SAGE_WG_REGS68
 #undef SAGE_WG_OPS8
 #undef SAGE_WG_OPS32
 #undef SAGE_WG_OPS64

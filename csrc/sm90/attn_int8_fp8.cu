@@ -1,11 +1,12 @@
 // Hopper (sm_90a) attention: INT8 Q·Kᵀ (wgmma m64n128k32 s32.s8.s8), FP8 e4m3 P·V (wgmma
-// m64nDk32 f32.e4m3.e4m3, P from registers), FP32 online softmax with exp2. Reproduces
-// sageattention.reference.sage_ref(pv=FP8, block_m=1, block_n=128): scores = int32 dot *
+// m64n(D+8)k32 f32.e4m3.e4m3, P from registers), FP32 online softmax with exp2. Reproduces
+// sageattention.reference.sage_ref(pv=FP8, block_m=1, block_n=128, rowsum="rounded"): scores = int32 dot *
 // (q_scale * k_scale) already in the log2 domain; P = exp2(s - running max) is scaled by 448 and
 // rounded to e4m3; each 128-key block's P·V goes into a fresh FP32 accumulator that is then added
 // to the running output (promotion: Hopper's FP8 MMA accumulates with about 22 mantissa bits);
-// the row sum uses the unrounded FP32 P; the end divides by sum * 448 and multiplies by V's
-// per-channel scale.
+// the row sum adds the rounded P (8 rows of ones after Vᵀ's D channels: the P·V wgmma's last 8
+// columns are the row sums, so the tensor cores add them up); the end divides by that sum and
+// multiplies by V's per-channel scale.
 //
 // Warp specialization. One CTA = 3 warpgroups (384 threads):
 //   warpgroup 0, the producer: one thread issues every TMA copy (Q once, then K and Vᵀ tiles into a
@@ -29,8 +30,8 @@
 //     barriers), so one warpgroup's softmax runs while the other's MMAs occupy the tensor cores
 //     instead of both competing for the MUFU and the tensor cores at the same moments.
 // Registers of a consumer thread in the overlapped loop at D = 128: O (64 f32), the in-flight P·V
-// accumulator (64 f32), the scores (64 s32, turned into f32 in place) and P_j in flight (16): 208
-// + addressing; ptxas fits it in R0..R237 of the 240, no spills, because the masked softmax (only
+// accumulator (68 f32 with the row sums), the scores (64 s32, turned into f32 in place) and P_j in
+// flight (16): 212 + addressing; ptxas fits it in the 240, no spills, because the masked softmax (only
 // the last block needs it) lives in a copy of the last step peeled off the loop (with it inside
 // the loop, the causal kernel spilled 156 bytes).
 // Two ptxas behaviours shape the code (tests/unit/test_cuda_compile_sm90.py checks both in SASS):
@@ -40,10 +41,10 @@
 //
 // Softmax cost per score (non-masked blocks): I2FP (int32 -> f32, exact below 2^24: |dot| <=
 // 128 x 128^2 = 2^21), 0.6 VIMNMX3 for the row max (over the INT32 scores), one FFMA
-// x * (q_scale k_scale) + (log2(448) - m), MUFU.EX2 (ex2.approx.ftz; for 1/8 of the scores a polynomial on the FMA pipe instead, exp2_fma),
-// FADD for the row sum, half an F2FP pack to e4m3, plus one FFMA per output element for the
-// promotion: 565 SASS instructions per thread and block at D = 128 (602 with exp2_fma and the
-// integer max; the
+// x * (q_scale k_scale) + (log2(448) - m), MUFU.EX2 (ex2.approx.ftz; for 1/8 of the scores a
+// polynomial on the FMA pipe instead, exp2_fma), half an F2FP pack to e4m3, half a LOP3 for the
+// anchor (see the loop), plus one FFMA per output element for the promotion; the row sum costs
+// nothing here (tensor cores). 565 SASS instructions per thread and block at D = 128 (the
 // sequential version before this one: 796, 925 causal, with a multiply for the scale, a subtract,
 // a multiply by 448 and the mask's compare and select on every score of every block). Folding the
 // 448 of the FP8 range into the exponent makes exp2 return 448 P directly; the row sum is then
@@ -62,9 +63,9 @@
 // descriptors name, each tile aligned to its 1024-byte swizzle atom:
 //   Q  128 rows x D                    16384 (D = 128) /  8192 (D = 64)
 //   K  kStages x 128 keys x D          65536           / 32768
-//   Vᵀ kStages x D channels x 128 keys 65536           / 32768
-//   barriers 13 x 8 in 128, the softmax anchor 256 x 8 (see the loop), alignment slack 1024:
-//   total 150656 / 76928, below the 227 KiB limit.
+//   Vᵀ kStages x (D + 8) rows x 128 keys 69632        / 36864 (the 8 rows of ones written once)
+//   barriers 13 x 8 in 128, the softmax anchor 256 x 4 (see the loop), alignment slack 1024:
+//   total 153728 / 80000, below the 227 KiB limit.
 // Rows are D bytes: D = 128 uses the 128-byte swizzle, D = 64 the 64-byte one (a TMA box row may
 // not exceed the swizzle span). Vᵀ rows are 128 keys = 128 bytes: 128-byte swizzle for both D.
 //
@@ -111,6 +112,8 @@ constexpr int kWgmmaK = 32;                                // bytes of K per 8-b
 constexpr int kSTiles = kBlockN / 8;                       // 16 n8 column tiles of the score accumulator
 constexpr int kSRegs = kBlockN / 2;                        // 64 score registers per thread
 constexpr int kPSteps = kBlockN / kWgmmaK;                 // 4 P·V wgmmas (k32) per block
+constexpr int kSumRows = 8;                                // Vᵀ rows of ones: one 8-row group of the wgmma N
+constexpr uint32_t kE4m3One4 = 0x38383838u;                // four e4m3 1.0
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kLog2Fp8Max = 8.807354922057604f;          // log2(448): exp2(x + this) = 448 exp2(x)
 // Named barrier ids of the ping-pong (0 is __syncthreads'): consumer warpgroup w waits on
@@ -124,13 +127,16 @@ struct Smem {
   static constexpr int kAtom = 1024;  // 128-byte swizzle repeats every 8 rows x 128 bytes
   static constexpr int kQBytes = kBlockM * D;
   static constexpr int kKBytes = kBlockN * D;
-  static constexpr int kVBytes = D * kBlockN;
+  // Each Vᵀ stage holds the D channels TMA loads and kSumRows rows of e4m3 ones after them, written
+  // once: the P·V wgmma (N = D + kSumRows) then also returns the row sums of P in its last columns.
+  static constexpr int kVLoadBytes = D * kBlockN;
+  static constexpr int kVBytes = (D + kSumRows) * kBlockN;
   static constexpr int kQ = 0;
   static constexpr int kK = kQ + kQBytes;
   static constexpr int kV = kK + kStages * kKBytes;
   static constexpr int kBar = kV + kStages * kVBytes;
-  static constexpr int kAnchor = kBar + 128;  // 8 bytes per consumer thread, written, never read
-  static constexpr int kBytes = kAnchor + kConsumerWgs * kWgThreads * 8;
+  static constexpr int kAnchor = kBar + 128;  // 4 bytes per consumer thread, written, never read
+  static constexpr int kBytes = kAnchor + kConsumerWgs * kWgThreads * 4;
   static constexpr int kAlloc = kBytes + kAtom;  // the dynamic base is only 16-byte aligned
   static_assert(kQBytes % kAtom == 0 && kKBytes % kAtom == 0 && kVBytes % kAtom == 0, "tiles keep atom alignment");
   static_assert(kAlloc <= 227 * 1024, "above the sm_90 shared-memory limit per CTA");
@@ -205,8 +211,8 @@ __device__ __forceinline__ float exp2_fma(float t) {
 constexpr int kFmaTiles = 2;
 __device__ __forceinline__ constexpr bool exp2_on_fma(int c) { return c % 8 >= 8 - kFmaTiles / 2; }
 
-__device__ __forceinline__ void store_shared_f32x2(uint32_t addr, float a, float b) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
+__device__ __forceinline__ void store_shared_u32(uint32_t addr, uint32_t a) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(a) : "memory");
 }
 
 __device__ __forceinline__ float max2(float a, float b) { return fmaxf(a, b); }
@@ -233,10 +239,6 @@ __device__ __forceinline__ T row_max(const T (&v)[kSRegs], int i) {
   return quad_max(max2(max2(mx[0], mx[1]), max2(mx[2], mx[3])));
 }
 
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
 
 // S = Q Kᵀ of one block in INT32: D / 32 wgmmas, K advancing 32 bytes along the (swizzled) rows.
 template <int D>
@@ -247,23 +249,27 @@ __device__ __forceinline__ void issue_qk(int32_t (&s)[kSRegs], uint64_t desc_q, 
 }
 
 // O_blk = P Vᵀᵀ of one block into a fresh FP32 accumulator (the promotion step).
+// Its N = D + kSumRows: the last kSumRows columns multiply P with Vᵀ's rows of ones, so each of them
+// is the block's row sum of 448 P as e4m3, added up by the tensor cores (sage_ref(rowsum="rounded")).
 template <int D>
-__device__ __forceinline__ void issue_pv(float (&pv)[D / 2], const uint32_t (&pa)[kPSteps][4], uint64_t desc_v) {
-  wgmma_m64nNk32_f32_e4m3<D, false>(pv, pa[0], desc_v);
+__device__ __forceinline__ void issue_pv(float (&pv)[(D + kSumRows) / 2], const uint32_t (&pa)[kPSteps][4],
+                                         uint64_t desc_v) {
+  constexpr int kN = D + kSumRows;
+  wgmma_m64nNk32_f32_e4m3<kN, false>(pv, pa[0], desc_v);
 #pragma unroll
-  for (int kk = 1; kk < kPSteps; ++kk) wgmma_m64nNk32_f32_e4m3<D, true>(pv, pa[kk], desc_v + 2 * kk);
+  for (int kk = 1; kk < kPSteps; ++kk) wgmma_m64nNk32_f32_e4m3<kN, true>(pv, pa[kk], desc_v + 2 * kk);
 }
 
 // Online softmax of one 128-key block for this thread's two rows (i = 0: row `group`, 1: row
 // group + 8 of its warp's 16). In: the INT32 scores, scale[i] = q_scale * k_scale of the block
 // (log2 domain). kMask: key 8c + 2 quad + (e & 1) of column tile c is visible iff
 // 8c + (e & 1) <= limit[i] (limit = last visible key - n0 - 2 quad). Out: x = 448 P in the
-// accumulator layout, alpha[i] = exp2(old max - new max) for the output; m_run and l_part (this
-// thread's share of 448 x the row sum) updated.
+// accumulator layout, alpha[i] = exp2(old max - new max) for the output and the row sum; m_run
+// updated. (The row sum comes from the P·V wgmma, see issue_pv.)
 template <bool kMask>
 __device__ __forceinline__ void softmax_block(const int32_t (&s)[kSRegs], const float (&scale)[2],
-                                              const int (&limit)[2], float (&m_run)[2], float (&l_part)[2],
-                                              float (&alpha)[2], float (&x)[kSRegs]) {
+                                              const int (&limit)[2], float (&m_run)[2], float (&alpha)[2],
+                                              float (&x)[kSRegs]) {
 #pragma unroll
   for (int j = 0; j < kSRegs; ++j) {
     x[j] = static_cast<float>(s[j]);  // exact: |s| <= 2^21
@@ -290,7 +296,6 @@ __device__ __forceinline__ void softmax_block(const int32_t (&s)[kSRegs], const 
     const float shift = kLog2Fp8Max - m_safe;
     // The FMA-pipe exp2 of the column tiles that take it (see exp2_fma): t = (arg - log2 448) / 128 + 1.
     const float t_mul = scale[i] * (1.0f / kExp2FmaSpan), t_add = fmaf(-m_safe, 1.0f / kExp2FmaSpan, 1.0f);
-    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int c = 0; c < kSTiles; ++c) {
 #pragma unroll
@@ -305,10 +310,8 @@ __device__ __forceinline__ void softmax_block(const int32_t (&s)[kSRegs], const 
           if (kMask && 8 * c + (e & 1) > limit[i]) arg = neg_inf();
           x[j] = ex2_approx(arg);  // 448 P
         }
-        sum[(c % 2) * 2 + (e & 1)] += x[j];
       }
     }
-    l_part[i] = l_part[i] * alpha[i] + ((sum[0] + sum[1]) + (sum[2] + sum[3]));
   }
 }
 
@@ -326,6 +329,15 @@ __device__ __forceinline__ void pack_p(const float (&x)[kSRegs], uint32_t (&pa)[
   }
 }
 
+// One word that depends on every value of x (see the anchor in the kernel's loop): three-input XORs,
+// one LOP3 per two values.
+__device__ __forceinline__ uint32_t xor_all(const float (&x)[kSRegs]) {
+  uint32_t r = __float_as_uint(x[0]);
+#pragma unroll
+  for (int j = 1; j + 1 < kSRegs; j += 2) r ^= __float_as_uint(x[j]) ^ __float_as_uint(x[j + 1]);
+  return r ^ __float_as_uint(x[kSRegs - 1]);
+}
+
 template <int D, bool kCausal, typename OutT, Sm90Schedule kSchedule>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_int8_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -333,6 +345,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Smem<D>;
   constexpr int kOTiles = D / 8;  // n8 column tiles of the output accumulator
+  constexpr int kPvRegs = (D + kSumRows) / 2;
   constexpr bool kOverlap = kSchedule != Sm90Schedule::kSerial;
   constexpr bool kPingPong = kSchedule == Sm90Schedule::kPingPong;
   extern __shared__ uint8_t smem_raw[];
@@ -359,6 +372,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     mbar_fence_init();
   }
+  {
+    // The ones rows of every Vᵀ stage (TMA never writes them), visible to the wgmma (async proxy).
+    constexpr int kChunks = kSumRows * kBlockN / 16;  // 16-byte stores per stage
+    for (int i = threadIdx.x; i < kStages * kChunks; i += kThreads) {
+      const int stage = i / kChunks, chunk = i % kChunks;
+      *reinterpret_cast<uint4*>(smem + L::kV + stage * L::kVBytes + L::kVLoadBytes + chunk * 16) =
+          make_uint4(kE4m3One4, kE4m3One4, kE4m3One4, kE4m3One4);
+    }
+    fence_proxy_async_shared();
+  }
   __syncthreads();
 
   if (wg == 0) {
@@ -376,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (blk >= kStages) mbar_wait(&bar.empty[stage], ((blk / kStages) - 1) & 1);
         mbar_arrive_expect_tx(&bar.k_full[stage], L::kKBytes);
         tma_load_4d(smem + L::kK + stage * L::kKBytes, &tm_k, &bar.k_full[stage], 0, blk * kBlockN, hk, b);
-        mbar_arrive_expect_tx(&bar.v_full[stage], L::kVBytes);
+        mbar_arrive_expect_tx(&bar.v_full[stage], L::kVLoadBytes);
         tma_load_4d(smem + L::kV + stage * L::kVBytes, &tm_v, &bar.v_full[stage], blk * kBlockN, 0, hk, b);
       }
     }
@@ -402,7 +425,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float* ks_base = p.k_scale + b * p.k_scale_strides.b + hk * p.k_scale_strides.h;
 
   const uint32_t smem_u32 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const uint32_t anchor = smem_u32 + L::kAnchor + (threadIdx.x - kWgThreads) * 8;  // this thread's slot
+  const uint32_t anchor = smem_u32 + L::kAnchor + (threadIdx.x - kWgThreads) * 4;  // this thread's slot
   const uint64_t desc_q = wgmma_desc(smem_u32 + L::kQ + cw * kWgRows * D, L::kQKGroupBytes, L::kQKSwizzle);
   // A descriptor's low 14 bits are the address / 16, and shared addresses stay below 2^18 (228 KiB):
   // moving a descriptor to another stage is an add, with no carry out of the field.
@@ -416,7 +439,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
   float m_run[2] = {neg_inf(), neg_inf()};
-  float l_part[2] = {0.0f, 0.0f};  // this thread's share of 448 x the row sum; reduced over the quad at the end
+  float l_run[2] = {0.0f, 0.0f};  // 448 x the row sums of P as e4m3 (every lane of a quad holds them)
 
   // Softmax of block `blk` whose scores are in s. Only the last block of a CTA can hold masked keys:
   // every earlier block ends before key m0, the CTA's first row (causal: kv_end <= m0 + 128, and
@@ -431,20 +454,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       int limit[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) limit[i] = (kCausal ? min(p.nk - 1, row[i]) : p.nk - 1) - n0 - 2 * quad;
-      softmax_block<true>(s, scale, limit, m_run, l_part, alpha, x);
+      softmax_block<true>(s, scale, limit, m_run, alpha, x);
     } else {
       const int limit[2] = {0, 0};  // unused
-      softmax_block<false>(s, scale, limit, m_run, l_part, alpha, x);
+      softmax_block<false>(s, scale, limit, m_run, alpha, x);
     }
   };
-  // O = O * alpha + O_blk, once the P·V wgmma group of the block has completed; then this warp's
-  // last reads of the stage are done: release it to the producer.
-  const auto promote = [&](int stage, const float(&alpha)[2], float(&pv)[D / 2]) {
+  // O = O * alpha + O_blk and l = l * alpha + the block's row sums (the pv columns past D, see
+  // issue_pv: registers D/2 and D/2 + 2 hold column D + 2 quad of rows `group` and group + 8), once
+  // the P·V wgmma group of the block has completed; then this warp's last reads of the stage are
+  // done: release it to the producer.
+  const auto promote = [&](int stage, const float(&alpha)[2], float(&pv)[kPvRegs]) {
     fence_operands(pv);
     __syncwarp();
     if (lane == 0) mbar_arrive(&bar.empty[stage]);
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = fmaf(o[i], alpha[(i / 2) % 2], pv[i]);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l_run[i] = fmaf(l_run[i], alpha[i], pv[D / 2 + 2 * i]);
   };
   // Ping-pong turns: n_blocks + 1 per warpgroup (Q·Kᵀ of block 0; then Q·Kᵀ of j+1 with P·V of j;
   // then P·V of the last block). Warpgroup 1 goes first: warpgroup 2 arrives on its barrier once
@@ -463,7 +490,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   int32_t s[kSRegs];        // Q·Kᵀ accumulator
   float x[kSRegs];          // 448 P of the block whose softmax ran last
-  float pv[D / 2];          // P·V accumulator of one block
+  float pv[kPvRegs];        // P·V accumulator of one block, row sums included
   uint32_t pa[kPSteps][4];  // P of the block whose P·V is issued next, e4m3
   float alpha[2];           // the output's rescale before that block's P·V is added
   mbar_wait(&bar.q_full, 0);
@@ -523,15 +550,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       float alpha_next[2];
       softmax(blk + 1, k_scale, s, alpha_next, x, masked);
       // Left alone, ptxas moves the P·V wait above most of the softmax (it ends the P·V accumulator's
-      // 64 registers sooner), and the softmax no longer overlaps the P·V. A shared-memory store of
-      // the row sums, which depend on every exp2 of the block, pins the softmax before the wait:
-      // ptxas keeps shared-memory accesses on their side of a wgmma wait (wgmma reads shared memory).
-      // One 8-byte store per thread and block, to a slot nothing reads.
-      store_shared_f32x2(anchor, l_part[0], l_part[1]);
+      // registers sooner), and the softmax no longer overlaps the P·V. A shared-memory store of a
+      // word that depends on every exp2 of the block pins the softmax before the wait: ptxas keeps
+      // shared-memory accesses on their side of a wgmma wait (wgmma reads shared memory). One 4-byte
+      // store per thread and block, to a slot nothing reads.
+      store_shared_u32(anchor, xor_all(x));
       wgmma_wait<0>();
       promote(stage, alpha, pv);
       // P is packed only now: pa was being read by the P·V wgmma until the wait. (Packing into a
-      // second buffer during the softmax instead makes ptxas serialize every wgmma, C7513.)
+      // second buffer during the softmax instead makes ptxas serialize every wgmma, C7513: it gives
+      // both buffers the same registers.)
       pack_p(x, pa);
       alpha[0] = alpha_next[0];
       alpha[1] = alpha_next[1];
@@ -561,7 +589,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float* vs_base = p.v_scale + b * p.v_scale_strides.b + hk * p.v_scale_strides.h;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const float l = quad_sum(l_part[i]);
+    const float l = l_run[i];
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     if (!row_ok[i]) continue;
     OutT* out_row = out_base + static_cast<int64_t>(row[i]) * p.out_strides.n;

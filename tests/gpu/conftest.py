@@ -171,7 +171,7 @@ class SageBackend:
     a named variant forces; ``function`` its name in ``sageattention``; ``pv`` its P·V precision (None
     for sageattn, see ``resolve``); ``modules`` the compiled extensions it needs; ``key_block`` K's
     quantization block of a compiled kernel (the Triton kernels' comes from
-    ``sageattention.triton.launch``).
+    ``sageattention.triton.launch``); ``rowsum`` what its softmax divides by (``sage_ref``'s option).
     """
 
     name: str
@@ -182,6 +182,7 @@ class SageBackend:
     exact_capability: tuple[int, int] | None = None
     modules: tuple[str, ...] = ()
     key_block: int | None = None
+    rowsum: str = "exact"
 
     @property
     def compiled(self) -> bool:
@@ -217,6 +218,7 @@ class SageBackend:
             "block_m": 1,
             "block_n": backend.key_block,
             "k_residual": backend.pv is PVDtype.FP16,
+            "rowsum": backend.rowsum,
         }
 
     def skip_reason(self) -> str | None:
@@ -276,6 +278,7 @@ SAGE_BACKENDS = (
         exact_capability=(9, 0),
         modules=("_qattn_sm90", "_fused"),
         key_block=128,
+        rowsum="rounded",
     ),
 )
 _BACKENDS_BY_NAME = {b.name: b for b in SAGE_BACKENDS}

@@ -44,8 +44,8 @@ MAX_REGISTERS = 168  # __launch_bounds__(384, 1): 65536 / 384 = 170, allocated i
 
 PTX_EXPECTED = [
     "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8",
-    "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3",  # P·V at d_pad = 128
-    "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3",  # P·V at d_pad = 64
+    "wgmma.mma_async.sync.aligned.m64n136k32.f32.e4m3.e4m3",  # P·V and row sums at d_pad = 128
+    "wgmma.mma_async.sync.aligned.m64n72k32.f32.e4m3.e4m3",  # P·V and row sums at d_pad = 64
     "wgmma.fence.sync.aligned",
     "wgmma.commit_group.sync.aligned",
     "wgmma.wait_group.sync.aligned",
@@ -61,8 +61,8 @@ PTX_EXPECTED = [
 ]
 SASS_EXPECTED = [
     "IGMMA.64x128x32.S8.S8",
-    "QGMMA.64x128x32.F32.E4M3.E4M3",
-    "QGMMA.64x64x32.F32.E4M3.E4M3",
+    "QGMMA.64x136x32.F32.E4M3.E4M3",
+    "QGMMA.64x72x32.F32.E4M3.E4M3",
     "UTMALDG.4D",
     "USETMAXREG",
 ]

@@ -113,6 +113,28 @@ def test_sage_ref_close_to_exact(inputs, metrics, pv, kind, causal):
     assert stats["cos"] >= cos_min and stats["rel_l1"] <= l1_max, metrics.fmt(stats)
 
 
+@pytest.mark.parametrize("pv", [PVDtype.FP16, PVDtype.FP8], ids=lambda p: p.value)
+def test_rounded_rowsum_weights_add_up_to_one(inputs, metrics, pv):
+    """rowsum="rounded" divides by the sum of the rounded P that multiplies V: with every value row of
+    V equal, each output row is that row (up to V's own quantization and float32 sums), while the
+    exact row sum leaves the rounding's bias in; both stay within the accuracy bounds, and their LSEs
+    agree to the rounding of P."""
+    q, k, _ = inputs.make_qkv(1, 2, 2, 96, 200, 64, kind="randn", dtype=torch.float16)
+    v = torch.full((1, 2, 200, 64), 0.75, dtype=torch.float16)
+    ref = attention_ref(q, k, v)
+    for rowsum, tol in (("rounded", 1e-6), ("exact", None)):
+        out, lse = sage_ref(q, k, v, pv=pv, rowsum=rowsum, return_lse=True)
+        err = (out.double() - ref).abs().max().item()
+        if tol is not None:
+            assert err <= tol * 0.75, f"rowsum={rowsum}: max error {err}"
+        else:
+            assert err > 1e-6, "the exact row sum should not normalize the rounded P exactly"
+        _, ref_lse = attention_ref(q, k, v, return_lse=True)
+        torch.testing.assert_close(lse.double(), ref_lse, rtol=0, atol=0.05)
+    with pytest.raises(ValueError, match="rowsum"):
+        sage_ref(q, k, v, rowsum="fp8")
+
+
 def test_sage_ref_lse_close_to_exact(inputs):
     q, k, v = inputs.make_qkv(1, 2, 1, 100, 130, 64, kind="outlier", dtype=torch.bfloat16)
     _, lse = sage_ref(q, k, v, is_causal=True, return_lse=True)
