@@ -17,8 +17,8 @@ relative). Any of the first three can move P * 448 across an e4m3 rounding bound
 and with 3 mantissa bits such a flip changes that element by up to 1/16: visible in rows with few
 keys (short or causal rows), which is why the max-error bound is 0.07 and not 0.01. A wrong tile,
 swizzle, mask, key permutation or scale gives errors of order max|ref| and cannot pass. The LSE
-shares the reference's float32 arithmetic (the row sum adds the rounded P, as the tensor cores do in
-the kernel: rowsum="rounded"): atol 2e-4.
+uses the reference's row sum (of the rounded P, as the tensor cores add it in the kernel:
+rowsum="rounded"), so e4m3 rounding flips reach it too: atol LSE_ATOL.
 Against float64 attention_ref (DESIGN.md protocol, b=1 h=8 n=4096 d=128), conftest's
 EXACT_BOUNDS[FP8]: cosine >= 0.9992 and relative L1 <= 0.04 (the Triton FP8 path measures 0.99926 /
 0.0384 on randn, whose quantization this kernel shares).
@@ -63,6 +63,13 @@ from sageattention.cuda_sm90 import KEY_BLOCK, attention_sm90  # noqa: E402
 
 ops = torch.ops.sageattention
 SM90_MODULE = "sageattention._qattn_sm90"
+
+
+#: LSE against sage_ref(rowsum="rounded"): the row sum adds P as e4m3, and an element whose 448 P sits
+#: next to an e4m3 rounding boundary can round the other way in the kernel (ex2.approx's ulps, the
+#: FMA-pipe exp2's 7.5e-5): the sum then moves by up to 1/16 of that element's share of the row. Seen:
+#: at most 1.6e-3 over 16k rows (H100, 2026-11-23); the other suites' LSE bound.
+LSE_ATOL = 1e-2
 
 
 def run_kernel(q, k, v, *, causal, return_lse=False, smooth_k=True):
@@ -134,7 +141,7 @@ def test_matches_sage_ref(metrics, layout, causal, n, d, mma):
     assert out.shape == q.shape and out.dtype == dtype and out.stride() == torch.empty_like(q).stride()
     ref, ref_lse = reference(q, k, v, causal=causal, return_lse=True)
     mma.check_tight(metrics, out, ref, PVDtype.FP8)
-    mma.check_lse(lse, ref_lse, atol=2e-4)
+    mma.check_lse(lse, ref_lse, atol=LSE_ATOL)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -148,7 +155,7 @@ def test_different_query_and_key_lengths(metrics, causal, nq, nk, mma):
     out, lse = run_kernel(q, k, v, causal=causal, return_lse=True)
     ref, ref_lse = reference(q, k, v, causal=causal, return_lse=True)
     mma.check_tight(metrics, out, ref, PVDtype.FP8)
-    mma.check_lse(lse, ref_lse, atol=2e-4)
+    mma.check_lse(lse, ref_lse, atol=LSE_ATOL)
 
 
 @pytest.mark.parametrize("d", [40, 72, 96])
