@@ -162,6 +162,85 @@ at::Tensor quant_v_fp8(const at::Tensor& v, const at::Tensor& v_amax, int64_t d_
              "quant_v_fp8");
   return vt;
 }
+
+// Q, K and V of one sm_90a attention call (sageattention.cuda_sm90) in two kernel launches
+// (csrc/fused/quant_qkv.cu): what quant_q_per_token, quant_k_per_block(block = 128), quant_v_fp8(...,
+// permute_keys=True) and the K mean / V amax around them give, bit for bit given the returned k_mean.
+// q [B, Hq, Nq, D], k and v [B, Hkv, Nk, D]: views with a unit last stride, one dtype (float16 or
+// bfloat16), Hq a multiple of Hkv, D a multiple of 8 and at most d_pad (64 or 128). Returns q_int8
+// [B, Hq, Nq, d_pad], q_scale [B, Hq, Nq], corr [B, Hq, Nq] ([0, Hq, Nq] without with_corr, which
+// needs smooth_k), k_int8 [B, Hkv, Nk, d_pad], k_scale [B, Hkv, ceil(Nk / 128)], vt [B, Hkv, d_pad,
+// n_pad] float8_e4m3fn (n_pad = Nk rounded up to 16), v_scale [B, Hkv, D] = v_amax * float(1 / 448)
+// and k_mean [B, Hkv, D] (an empty [0] without smooth_k).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+quant_qkv_sm90(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool smooth_k, double sm_scale,
+               double scale_mul, int64_t d_pad, bool with_corr) {
+  check_input(q, "q");
+  check_input(k, "k");
+  check_input(v, "v");
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+              "q, k and v must share one dtype, got ", q.scalar_type(), ", ", k.scalar_type(), " and ",
+              v.scalar_type());
+  TORCH_CHECK(k.device() == q.device() && v.device() == q.device(), "q, k and v must be on one device, got ",
+              q.device(), ", ", k.device(), " and ", v.device());
+  const int64_t b = q.size(0), hq = q.size(1), nq = q.size(2), head_dim = q.size(3);
+  const int64_t hkv = k.size(1), nk = k.size(2);
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == b && k.size(3) == head_dim, "k ", k.sizes(), " and v ",
+              v.sizes(), " must be [B, Hkv, Nk, D] = [", b, ", Hkv, Nk, ", head_dim, "]");
+  TORCH_CHECK(hkv >= 1 && hq % hkv == 0, "the query heads (", hq, ") must be a multiple of the KV heads (", hkv, ")");
+  TORCH_CHECK(d_pad == 64 || d_pad == 128, "d_pad must be 64 or 128, got ", d_pad);
+  TORCH_CHECK(head_dim % 8 == 0 && head_dim >= 8 && head_dim <= d_pad, "the head dim D = ", head_dim,
+              " must be a multiple of 8 and at most d_pad ", d_pad);
+  TORCH_CHECK(nk >= 1, "k and v must hold at least one key");
+  TORCH_CHECK(nq < (int64_t{1} << 31) - 1024 && nk < (int64_t{1} << 31) - 1024,
+              "sequence lengths must be below 2^31 - 1024");
+  TORCH_CHECK(b <= 65535 && hkv <= 65535, "B and Hkv must be at most 65535, got ", b, " and ", hkv);
+  TORCH_CHECK(!with_corr || smooth_k, "with_corr needs smooth_k (the correction is q . k_mean)");
+  const c10::cuda::CUDAGuard guard(q.device());
+  const int64_t n_pad = (nk + sage::kQkvKeyGroup - 1) / sage::kQkvKeyGroup * sage::kQkvKeyGroup;
+  const auto f32 = q.options().dtype(at::kFloat);
+  auto q_int8 = at::empty({b, hq, nq, d_pad}, q.options().dtype(at::kChar));
+  auto q_scale = at::empty({b, hq, nq}, f32);
+  auto corr = at::empty({with_corr ? b : 0, hq, nq}, f32);
+  auto k_int8 = at::empty({b, hkv, nk, d_pad}, q.options().dtype(at::kChar));
+  auto k_scale = at::empty({b, hkv, (nk + sage::kQkvKeyBlock - 1) / sage::kQkvKeyBlock}, f32);
+  auto vt = at::empty({b, hkv, d_pad, n_pad}, q.options().dtype(at::kFloat8_e4m3fn));
+  auto v_scale = at::empty({b, hkv, head_dim}, f32);
+  auto k_mean = smooth_k ? at::empty({b, hkv, head_dim}, f32) : at::empty({0}, f32);
+  auto workspace = at::empty({sage::quant_qkv_workspace_floats(static_cast<int>(b), static_cast<int>(hkv),
+                                                               static_cast<int>(nk), static_cast<int>(d_pad))},
+                             f32);
+  sage::QuantQkvArgs args{};
+  args.q = q.data_ptr();
+  args.k = k.data_ptr();
+  args.v = v.data_ptr();
+  args.type = half_type(q);
+  args.q_strides = strides(q);
+  args.k_strides = strides(k);
+  args.v_strides = strides(v);
+  args.batch = static_cast<int>(b);
+  args.heads_q = static_cast<int>(hq);
+  args.heads_kv = static_cast<int>(hkv);
+  args.nq = static_cast<int>(nq);
+  args.nk = static_cast<int>(nk);
+  args.head_dim = static_cast<int>(head_dim);
+  args.d_pad = static_cast<int>(d_pad);
+  args.n_pad = static_cast<int>(n_pad);
+  args.smooth_k = smooth_k;
+  args.sm_scale = static_cast<float>(sm_scale);
+  args.scale_mul = static_cast<float>(scale_mul);
+  args.q_int8 = q_int8.data_ptr<int8_t>();
+  args.q_scale = q_scale.data_ptr<float>();
+  args.corr = with_corr ? corr.data_ptr<float>() : nullptr;
+  args.k_int8 = k_int8.data_ptr<int8_t>();
+  args.k_scale = k_scale.data_ptr<float>();
+  args.vt = static_cast<uint8_t*>(vt.data_ptr());
+  args.v_scale = v_scale.data_ptr<float>();
+  args.k_mean = smooth_k ? k_mean.data_ptr<float>() : nullptr;
+  args.workspace = workspace.data_ptr<float>();
+  check_cuda(sage::launch_quant_qkv_sm90(args, c10::cuda::getCurrentCUDAStream().stream()), "quant_qkv_sm90");
+  return {q_int8, q_scale, corr, k_int8, k_scale, vt, v_scale, k_mean};
+}
 #endif
 
 #if defined(SAGEATTN_FAMILY_SM80) || defined(SAGEATTN_FAMILY_SM89)
@@ -508,12 +587,17 @@ TORCH_LIBRARY_FRAGMENT(sageattention, m) {
       "bool with_corr) -> (Tensor, Tensor, Tensor)");
   m.def("quant_k_per_block(Tensor k, Tensor? k_mean, int block, int d_pad, bool residual=False) -> Tensor[]");
   m.def("quant_v_fp8(Tensor v, Tensor v_amax, int d_pad, int n_pad, bool permute_keys=False) -> Tensor");
+  m.def(
+      "quant_qkv_sm90(Tensor q, Tensor k, Tensor v, bool smooth_k, float sm_scale, float scale_mul, int d_pad, "
+      "bool with_corr) -> (Tensor q_int8, Tensor q_scale, Tensor corr, Tensor k_int8, Tensor k_scale, Tensor vt, "
+      "Tensor v_scale, Tensor k_mean)");
 }
 
 TORCH_LIBRARY_IMPL(sageattention, CUDA, m) {
   m.impl("quant_q_per_token", &quant_q_per_token);
   m.impl("quant_k_per_block", &quant_k_per_block);
   m.impl("quant_v_fp8", &quant_v_fp8);
+  m.impl("quant_qkv_sm90", &quant_qkv_sm90);
 }
 #endif
 

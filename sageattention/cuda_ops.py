@@ -6,9 +6,11 @@ reason it did not is kept (as ops.py does for the extensions themselves).
 
 Ops covered:
 
-* ``sageattention::quant_q_per_token``, ``quant_k_per_block``, ``quant_v_fp8``
+* ``sageattention::quant_q_per_token``, ``quant_k_per_block``, ``quant_v_fp8``, ``quant_qkv_sm90``
   (``sageattention._fused``): the fused quantization ops. ``quant_k_per_block`` returns a list:
-  [k_int8, k_scale], plus K's second INT8 digit with ``residual=True``.
+  [k_int8, k_scale], plus K's second INT8 digit with ``residual=True``. ``quant_qkv_sm90`` quantizes
+  Q, K and V for the sm_90a kernel in two launches and returns (q_int8, q_scale, corr, k_int8,
+  k_scale, vt, v_scale, k_mean).
 * ``sageattention::qk_int8_sv_f16_attn`` (``sageattention._qattn_sm80``): INT8 Q·Kᵀ (optionally
   two-level K), FP16 P·V. Returns ``out`` [B, Hq, Nq, D] of ``out_dtype`` (D = ``v.shape[-1]``),
   whose memory is [B, Nq, Hq, D] when ``out_nhd``, and the float32 LSE [B, Hq, Nq] (an empty tensor
@@ -80,12 +82,30 @@ def _fake_quant_v_fp8(v, v_amax, d_pad, n_pad, permute_keys=False):
     return v.new_empty((b, h, d_pad, n_pad), dtype=torch.float8_e4m3fn)
 
 
+def _fake_quant_qkv_sm90(q, k, v, smooth_k, sm_scale, scale_mul, d_pad, with_corr):
+    b, hq, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    n_pad = -(-nk // 16) * 16
+    f32 = torch.float32
+    return (
+        q.new_empty((b, hq, nq, d_pad), dtype=torch.int8),
+        q.new_empty((b, hq, nq), dtype=f32),
+        q.new_empty((b if with_corr else 0, hq, nq), dtype=f32),
+        q.new_empty((b, hkv, nk, d_pad), dtype=torch.int8),
+        q.new_empty((b, hkv, -(-nk // 128)), dtype=f32),
+        q.new_empty((b, hkv, d_pad, n_pad), dtype=torch.float8_e4m3fn),
+        q.new_empty((b, hkv, d), dtype=f32),
+        q.new_empty((b, hkv, d) if smooth_k else (0,), dtype=f32),
+    )
+
+
 def _register_fused() -> None:
     if not _import(_FUSED_MODULE):
         return
     torch.library.register_fake("sageattention::quant_q_per_token")(_fake_quant_q_per_token)
     torch.library.register_fake("sageattention::quant_k_per_block")(_fake_quant_k_per_block)
     torch.library.register_fake("sageattention::quant_v_fp8")(_fake_quant_v_fp8)
+    torch.library.register_fake("sageattention::quant_qkv_sm90")(_fake_quant_qkv_sm90)
     _registered[_FUSED_MODULE] = True
 
 

@@ -1,16 +1,22 @@
 """Launcher of the sm_90a CUDA attention kernel (csrc/sm90, op ``sageattention::qk_int8_sv_f8_attn_sm90``).
 
-One call quantizes with the compiled fused ops and attends:
+One call quantizes Q, K and V with one compiled fused op, ``quant_qkv_sm90`` (csrc/fused/quant_qkv.cu,
+two kernel launches: per-chunk statistics of K and V, then one grid that quantizes all three), and
+attends:
 
-* Q: INT8 per token (``quant_q_per_token``), its scale carrying ``sm_scale * log2(e)``;
-* K: minus its mean over tokens (smooth-K, when asked), INT8 per block of 128 keys
-  (``quant_k_per_block``): the kernel's key step, so one scale covers one step;
+* Q: INT8 per token, its scale carrying ``sm_scale * log2(e)`` (as ``quant_q_per_token``);
+* K: minus its mean over tokens (smooth-K, when asked), INT8 per block of 128 keys (as
+  ``quant_k_per_block``): the kernel's key step, so one scale covers one step;
 * V: FP8 e4m3 per channel (scale ``amax / 448``), transposed to [B, Hkv, d_pad, n_pad] with its keys
-  permuted within groups of 16 (``quant_v_fp8(..., permute_keys=True)``; see
+  permuted within groups of 16 (as ``quant_v_fp8(..., permute_keys=True)``; see
   ``sageattention.reference.permute_keys_sm90``);
 * the attention kernel, whose output is stored like ``q`` (NHD memory for an NHD caller).
 
-It computes what ``sage_ref(q, k, v, pv=PVDtype.FP8, block_m=1, block_n=128, ...)`` computes.
+The fused op's outputs are bit for bit those of the separate ops given its K mean, which it sums in
+an order of its own: it may differ from ``k.mean(dim=2, dtype=torch.float32)`` by float32 rounding.
+
+It computes what ``sage_ref(q, k, v, pv=PVDtype.FP8, block_m=1, block_n=128, rowsum="rounded", ...)``
+computes.
 
 The kernel has three schedules of the same arithmetic (``csrc/sm90/attn.h``, ``Sm90Schedule``):
 ``serial``, ``overlap`` and ``pingpong`` (the default). The environment variable
@@ -20,12 +26,10 @@ benchmark can compare them in one process. Any other value makes the op raise ("
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from . import cuda_common
-from .quant import FP8_E4M3_MAX, INT8_MAX, LOG2E
+from .quant import INT8_MAX, LOG2E
 
 __all__ = ["attention_sm90", "KEY_BLOCK"]
 
@@ -43,21 +47,16 @@ def attention_sm90(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool,
     (natural log, including the smooth-K correction) or None.
     """
     cuda_common.check_qkv(q, k, v)
-    b, hq, nq, head_dim = q.shape
-    hkv, nk = k.shape[1], k.shape[2]
-    d_pad = cuda_common.d_pad(head_dim)
+    d_pad = cuda_common.d_pad(q.shape[-1])
     cuda_common.load_extensions("sm90")
     ops = torch.ops.sageattention
 
-    km = k.mean(dim=2, dtype=torch.float32) if smooth_k else None
-    vmax = torch.linalg.vector_norm(v, ord=math.inf, dim=2, dtype=torch.float32)
     with_corr = return_lse and smooth_k
     scale_mul = sm_scale * LOG2E / INT8_MAX
-    qq, q_scale, corr = ops.quant_q_per_token(q, km, sm_scale, scale_mul, d_pad, hq // hkv, with_corr)
-    kq, k_scale = ops.quant_k_per_block(k, km, KEY_BLOCK, d_pad)
-    n_pad = -(-nk // KEY_GROUP) * KEY_GROUP
-    vt = ops.quant_v_fp8(v, vmax, d_pad, n_pad, True)
-    v_scale = vmax * (1.0 / FP8_E4M3_MAX)
+    # K's scales cover KEY_BLOCK keys each; Vᵀ's keys are padded to a multiple of KEY_GROUP (quant.h).
+    qq, q_scale, corr, kq, k_scale, vt, v_scale, _ = ops.quant_qkv_sm90(
+        q, k, v, smooth_k, sm_scale, scale_mul, d_pad, with_corr
+    )
 
     corr = corr if with_corr else None
     out_nhd = q.stride(1) < q.stride(2)  # NHD memory in, NHD memory out

@@ -1,59 +1,19 @@
 // Fused quantization kernels: INT8 Q per token (+ the smooth-K LSE correction), INT8 K per block
 // with smooth-K, FP8 V per channel written transposed. One pass over each input.
 //
-// Rounding matches sageattention.reference bit for bit: IEEE division for 127 / amax (the build
-// uses --use_fast_math, so the intrinsics are spelled out), one rounded multiply, then
+// Rounding matches sageattention.reference bit for bit through the helpers of quant_common.cuh
+// (shared with quant_qkv.cu): IEEE division for 127 / amax, one rounded multiply, then
 // round-half-even to INT8; FP8 through the e4m3 round-to-nearest-even conversion with saturation.
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-
 #include "quant.h"
+#include "quant_common.cuh"
 
 namespace sage {
 namespace {
 
-constexpr int kWarp = 32;
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / kWarp;
+using namespace quant;
+
 constexpr int kVTokens = 64;  // tokens per V tile: 64 fp8 bytes per output row
-
-template <typename T>
-__device__ __forceinline__ float to_float(T x);
-template <>
-__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
-template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-// Max of magnitudes (values >= 0, or NaN with a clear sign bit, as fabsf gives) that keeps NaN: such
-// floats order like their bit patterns, and a NaN's pattern is above +Inf's. fmaxf would drop a NaN,
-// turning a NaN input into a finite output where SDPA's is NaN; with it the scale becomes NaN and the
-// NaN reaches the scores it would reach in SDPA.
-__device__ __forceinline__ float amax2(float a, float b) {
-  return __uint_as_float(max(__float_as_uint(a), __float_as_uint(b)));
-}
-
-__device__ __forceinline__ float warp_amax(float v) {
-#pragma unroll
-  for (int o = kWarp / 2; o > 0; o >>= 1) v = amax2(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-__device__ __forceinline__ float inv_scale(float limit, float amax) {
-  return amax > 0.f ? __fdiv_rn(limit, amax) : 0.f;
-}
-
-__device__ __forceinline__ int8_t to_int8(float x, float inv) {
-  const int r = __float2int_rn(__fmul_rn(x, inv));
-  return static_cast<int8_t>(max(-127, min(127, r)));
-}
 
 // One warp per token; lane l holds columns [l * E, l * E + E), E = d_pad / 32.
 template <typename T, int E>
@@ -90,7 +50,7 @@ __global__ void quant_q_kernel(const T* __restrict__ q, Strides3 qs, int heads, 
 #pragma unroll
     for (int e = 0; e < E; ++e) {
       const int d = lane * E + e;
-      if (d < head_dim) dot += x[e] * km[d];
+      if (d < head_dim) dot = dot_step(dot, x[e], km[d]);
     }
     dot = warp_sum(dot);
     if (lane == 0) corr[out_row] = dot * sm_scale;
@@ -157,12 +117,6 @@ __global__ void quant_k_kernel(const T* __restrict__ k, Strides3 ks, int heads, 
   }
 }
 
-// Token held by output slot `slot` when the keys are permuted for the sm_90a kernel (quant.h):
-// slot 4q + 2 * hi + lo of a group of 16 holds token 8 * hi + 2q + lo.
-__device__ __forceinline__ int permuted_token(int slot) {
-  return (slot & ~15) | (((slot >> 1) & 1) << 3) | (((slot >> 2) & 3) << 1) | (slot & 1);
-}
-
 // One CTA per 64 tokens (a multiple of the 16-token permutation group): quantize into shared memory
 // as [d][token], then write 64-byte rows, tokens past N (up to n_pad) as zeros.
 template <typename T, int D_PAD>
@@ -177,7 +131,7 @@ __global__ void quant_v_kernel(const T* __restrict__ v, Strides3 vs, int heads, 
     const int t = i / D_PAD, d = i % D_PAD;  // consecutive threads read consecutive channels
     float x = 0.f;
     if (d < head_dim && first + t < n) x = __fmul_rn(to_float(base[(first + t) * vs.n + d]), inv_scale(kFp8E4M3Max, amax[d]));
-    tile[d][t] = static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+    tile[d][t] = to_fp8(x);
   }
   __syncthreads();
   uint8_t* out = vt + (static_cast<int64_t>(b) * heads + h) * D_PAD * n_pad;

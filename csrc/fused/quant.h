@@ -1,5 +1,6 @@
-// Fused quantization launchers (csrc/fused/quant.cu). Arithmetic matches sageattention.reference:
-// x_int8 = rint(x * (127 / amax)) with round-half-even and IEEE division, scale = amax / 127.
+// Fused quantization launchers (csrc/fused/quant.cu, quant_qkv.cu). Arithmetic matches
+// sageattention.reference: x_int8 = rint(x * (127 / amax)) with round-half-even and IEEE division,
+// scale = amax / 127.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -44,5 +45,48 @@ cudaError_t launch_quant_k_per_block(const void* k, HalfType type, Strides3 ks, 
 cudaError_t launch_quant_v_fp8_transposed(const void* v, HalfType type, Strides3 vs, int batch, int heads,
                                           int n, int head_dim, int d_pad, int n_pad, const float* v_amax,
                                           uint8_t* vt, bool permute_keys, cudaStream_t stream);
+
+// Keys per block of K's INT8 scale and the Vᵀ key padding of the sm_90a kernel (csrc/sm90/attn.h):
+// launch_quant_qkv_sm90 quantizes for that kernel.
+constexpr int kQkvKeyBlock = 128;
+constexpr int kQkvKeyGroup = 16;
+
+// Q, K and V of one sm_90a attention call in two kernel launches (csrc/fused/quant_qkv.cu), each
+// output bit for bit what the launchers above give:
+//   k_mean [B, Hkv, D] (smooth_k; else null): the mean of K over its tokens (a float32 sum in an
+//     order of its own, then divided by Nk);
+//   q_int8 [B, Hq, Nq, d_pad], q_scale [B, Hq, Nq], corr [B, Hq, Nq] (null: no correction; set only
+//     with smooth_k): launch_quant_q_per_token with that k_mean and kv_group = Hq / Hkv;
+//   k_int8 [B, Hkv, Nk, d_pad], k_scale [B, Hkv, ceil(Nk / 128)]: launch_quant_k_per_block with block
+//     128 and that k_mean (none without smooth_k);
+//   vt [B, Hkv, d_pad, n_pad]: launch_quant_v_fp8_transposed with permute_keys and v_amax = max |V|
+//     per channel (amax2: NaN kept); n_pad a multiple of 16, at least Nk;
+//   v_scale [B, Hkv, D]: v_amax * float(1 / 448), one float32 multiply.
+// All outputs contiguous. workspace: quant_qkv_workspace_floats(...) float32, no initial contents.
+// Inputs: [B, H, N, D] views with a unit last stride, D a multiple of 8 and at most d_pad (64 or
+// 128); 16-byte loads where the base and strides allow, 2-byte loads otherwise.
+struct QuantQkvArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  HalfType type;
+  Strides3 q_strides, k_strides, v_strides;
+  int batch, heads_q, heads_kv, nq, nk, head_dim, d_pad, n_pad;
+  bool smooth_k;
+  float sm_scale, scale_mul;
+  int8_t* q_int8;
+  float* q_scale;
+  float* corr;
+  int8_t* k_int8;
+  float* k_scale;
+  uint8_t* vt;
+  float* v_scale;
+  float* k_mean;
+  float* workspace;
+};
+
+int64_t quant_qkv_workspace_floats(int batch, int heads_kv, int nk, int d_pad);
+
+cudaError_t launch_quant_qkv_sm90(const QuantQkvArgs& args, cudaStream_t stream);
 
 }  // namespace sage

@@ -1,6 +1,7 @@
 """The compiled fused quantization ops (csrc/fused) against the reference quantization and the Triton
 quantization kernels, bit for bit (two-level K included), and the attention they feed against the
-simulated-quantization reference."""
+simulated-quantization reference. quant_qkv_sm90 (the sm_90a call's Q, K and V in two launches)
+against the separate ops, bit for bit given its K mean."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import importlib
 import pytest
 import torch
 
-from sageattention.quant import K_RESIDUAL_MUL, LOG2E, PVDtype
+from sageattention.quant import FP8_E4M3_MAX, K_RESIDUAL_MUL, LOG2E, PVDtype
 from sageattention.reference import quantize_per_block_ref, quantize_v_fp8_ref
 
 pytestmark = pytest.mark.gpu
@@ -22,6 +23,8 @@ except ImportError as exc:
 
 launch = pytest.importorskip("sageattention.triton.launch")
 ops = torch.ops.sageattention
+
+from sageattention import cuda_ops  # noqa: E402  (registers the fake implementations)
 
 
 def hnd(b, h, n, d, layout, dtype):
@@ -106,3 +109,163 @@ def test_cuda_and_triton_quantization_give_the_same_attention(pv, causal):
     out_c, lse_c = launch.attention_fwd(q, k, v, quant_backend="cuda", **args)
     assert torch.equal(out_t, out_c)
     torch.testing.assert_close(lse_t, lse_c, rtol=0, atol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------------
+# quant_qkv_sm90: Q, K and V of one sm_90a attention call in two kernel launches
+
+
+QKV_MODES = [(True, True), (True, False), (False, False)]  # (smooth_k, with_corr)
+QKV_MODE_IDS = ["smooth-corr", "smooth", "plain"]
+
+
+def _qkv_args(q, k, v, smooth_k, with_corr):
+    d = q.shape[-1]
+    sm_scale = d**-0.5
+    return (q, k, v, smooth_k, sm_scale, sm_scale * LOG2E / 127, launch._d_pad(d), with_corr)
+
+
+def _poison_qkv_outputs(q, k, d_pad):
+    """Hand 0xFF-filled blocks of the outputs' sizes back to the caching allocator, so that a slot the
+    op forgets to write most likely shows (0xFF is NaN in float32 and e4m3fn, -1 in int8)."""
+    b, hq, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    n_pad = -(-nk // 16) * 16
+    int8s = (b * hq * nq * d_pad, b * hkv * nk * d_pad, b * hkv * d_pad * n_pad)
+    floats = (b * hq * nq, b * hkv * d)
+    sizes = (*int8s, *(4 * n for n in floats))
+    blocks = [torch.full((size,), 255, dtype=torch.uint8, device="cuda") for size in sizes]
+    del blocks
+
+
+def _assert_same(name: str, got: torch.Tensor, expected: torch.Tensor) -> None:
+    assert got.shape == expected.shape and got.dtype == expected.dtype, (
+        f"{name}: {got.dtype} {tuple(got.shape)}, expected {expected.dtype} {tuple(expected.shape)}"
+    )
+    if got.dtype == torch.float8_e4m3fn:  # compared as bytes: no comparison kernels for float8
+        got, expected = got.view(torch.uint8), expected.view(torch.uint8)
+    assert torch.equal(got, expected), f"{name}: " + _first_difference(got, expected)
+
+
+def _assert_matches_separate_ops(q, k, v, smooth_k, with_corr, outputs):
+    """Every output of quant_qkv_sm90 against the separate ops fed with its own k_mean and torch's
+    max |V| (bit for bit), and k_mean against torch's mean (float32 summation order apart)."""
+    qq, qs, corr, kq, ks, vt, vs, km = outputs
+    sm_scale, scale_mul, d_pad = _qkv_args(q, k, v, smooth_k, with_corr)[4:7]
+    b, hq = q.shape[:2]
+    hkv, nk, d = k.shape[1], k.shape[2], k.shape[3]
+    if smooth_k:
+        ref_km = k.mean(dim=2, dtype=torch.float32)
+        atol = 1e-5 * k.float().abs().amax().item()
+        torch.testing.assert_close(km, ref_km, rtol=1e-5, atol=atol)
+    else:
+        assert km.shape == (0,) and km.dtype == torch.float32
+    mean = km if smooth_k else None
+    kv_group = hq // hkv
+    ref_qq, ref_qs, ref_corr = ops.quant_q_per_token(q, mean, sm_scale, scale_mul, d_pad, kv_group, with_corr)
+    _assert_same("q_int8", qq, ref_qq)
+    _assert_same("q_scale", qs, ref_qs)
+    assert corr.shape == ref_corr.shape == ((b if with_corr else 0), hq, q.shape[2])
+    if with_corr:
+        _assert_same("corr", corr, ref_corr)
+    ref_kq, ref_ks = ops.quant_k_per_block(k, mean, 128, d_pad)
+    _assert_same("k_int8", kq, ref_kq)
+    _assert_same("k_scale", ks, ref_ks)
+    vmax = torch.linalg.vector_norm(v, ord=float("inf"), dim=2, dtype=torch.float32)
+    n_pad = -(-nk // 16) * 16
+    _assert_same("vt", vt, ops.quant_v_fp8(v, vmax, d_pad, n_pad, True))
+    assert vs.shape == (b, hkv, d)
+    nan = torch.isnan(vmax)
+    assert torch.equal(torch.isnan(vs), nan), "v_scale: NaN where max |V| is not, or the other way round"
+    _assert_same("v_scale (finite)", vs[~nan], vmax[~nan] * (1.0 / FP8_E4M3_MAX))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("n,d", [(1, 128), (17, 64), (113, 72), (1000, 128), (4095, 40)])
+@pytest.mark.parametrize("smooth_k,with_corr", QKV_MODES, ids=QKV_MODE_IDS)
+def test_quant_qkv_sm90_is_bit_exact(dtype, layout, n, d, smooth_k, with_corr):
+    b, hq, hkv = 2, 4, 2  # GQA: 2 query heads per KV head
+    q, v = hnd(b, hq, n, d, layout, dtype), hnd(b, hkv, n, d, layout, dtype)
+    k = hnd(b, hkv, n, d, layout, dtype) + 5  # an offset that smooth-K removes
+    _poison_qkv_outputs(q, k, launch._d_pad(d))
+    outputs = ops.quant_qkv_sm90(*_qkv_args(q, k, v, smooth_k, with_corr))
+    _assert_matches_separate_ops(q, k, v, smooth_k, with_corr, outputs)
+
+
+OTHER_SHAPES = [(1, 24, 24, 4608, 4608), (2, 8, 2, 300, 1000), (1, 2, 1, 900, 33)]  # (b, hq, hkv, nq, nk)
+
+
+@pytest.mark.parametrize("b,hq,hkv,nq,nk", OTHER_SHAPES)
+def test_quant_qkv_sm90_other_shapes(b, hq, hkv, nq, nk):
+    """Few heads and long sequences (b=1, h=24, n=4608: the statistics split each head into many
+    chunks), and query and key lengths that differ (cross attention, a short KV cache)."""
+    q = hnd(b, hq, nq, 128, "NHD", torch.bfloat16)
+    k, v = hnd(b, hkv, nk, 128, "NHD", torch.bfloat16) - 2, hnd(b, hkv, nk, 128, "NHD", torch.bfloat16)
+    outputs = ops.quant_qkv_sm90(*_qkv_args(q, k, v, True, True))
+    _assert_matches_separate_ops(q, k, v, True, True, outputs)
+
+
+def test_quant_qkv_sm90_reads_unaligned_views():
+    """A base that is not 16-byte aligned (a storage offset of 4 elements) takes the 2-byte loads; the
+    outputs are those of an aligned copy, bit for bit."""
+
+    def offset_view(h, shift=0.0):
+        flat = torch.randn(2 * h * 333 * 64 + 4, device="cuda") * 3 + shift
+        return flat.half()[4:].view(2, h, 333, 64)
+
+    q, k, v = offset_view(4), offset_view(2, shift=5.0), offset_view(2)
+    assert all(x.data_ptr() % 16 for x in (q, k, v))
+    outputs = ops.quant_qkv_sm90(*_qkv_args(q, k, v, True, True))
+    _assert_matches_separate_ops(q, k, v, True, True, outputs)
+    aligned = ops.quant_qkv_sm90(*_qkv_args(q.clone(), k.clone(), v.clone(), True, True))
+    names = ("q_int8", "q_scale", "corr", "k_int8", "k_scale", "vt", "v_scale", "k_mean")
+    for name, got, expected in zip(names, outputs, aligned):
+        _assert_same(f"{name} (unaligned vs aligned)", got, expected)
+
+
+def test_quant_qkv_sm90_keeps_nan_in_v():
+    """A NaN in V makes its channel's v_scale NaN (the NaN-keeping max, as torch's max |V|); the other
+    channels and Q, K stay as the separate ops give them."""
+    q, k, v = (hnd(2, 4, 200, 64, "HND", torch.bfloat16) for _ in range(3))
+    v[1, 0, 77, 3] = float("nan")
+    outputs = ops.quant_qkv_sm90(*_qkv_args(q, k, v, True, True))
+    vs = outputs[6]
+    assert torch.isnan(vs[1, 0, 3]) and torch.isnan(vs).sum() == 1
+    _assert_matches_separate_ops(q, k, v, True, True, outputs)
+
+
+@pytest.mark.parametrize("smooth_k,with_corr", [(True, True), (False, False)], ids=["smooth-corr", "plain"])
+def test_quant_qkv_sm90_launches_two_kernels(smooth_k, with_corr):
+    """Two kernels and nothing else on the GPU: no memset, reduction or elementwise kernel."""
+    q, k, v = (hnd(1, 8, 1024, 128, "NHD", torch.bfloat16) for _ in range(3))
+    args = _qkv_args(q, k, v, smooth_k, with_corr)
+    ops.quant_qkv_sm90(*args)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        ops.quant_qkv_sm90(*args)
+        torch.cuda.synchronize()
+    on_gpu = [ev.name for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(on_gpu) == 2, on_gpu
+
+
+def test_quant_qkv_sm90_rejects_inputs_it_cannot_take():
+    q, k, v = (hnd(1, 2, 64, 64, "HND", torch.float16) for _ in range(3))
+    with pytest.raises(RuntimeError, match="with_corr needs smooth_k"):
+        ops.quant_qkv_sm90(*_qkv_args(q, k, v, False, True))
+    with pytest.raises(RuntimeError, match="one dtype"):
+        ops.quant_qkv_sm90(*_qkv_args(q, k.bfloat16(), v, True, True))
+    with pytest.raises(RuntimeError, match="multiple of the KV heads"):
+        ops.quant_qkv_sm90(*_qkv_args(hnd(1, 3, 64, 64, "HND", torch.float16), k, v, True, True))
+    with pytest.raises(RuntimeError, match="d_pad"):
+        ops.quant_qkv_sm90(q, k, v, True, 0.125, 0.125 * LOG2E / 127, 32, True)
+
+
+def test_quant_qkv_sm90_fake_implementation_matches():
+    assert cuda_ops.registered("sageattention._fused"), cuda_ops.unavailable_reason("sageattention._fused")
+    q, k, v = (hnd(1, h, 130, 96, "NHD", torch.bfloat16) for h in (4, 2, 2))
+    for smooth_k, with_corr in ((True, True), (False, False)):
+        # opcheck's test_schema compares inputs before and after with arithmetic that float8 tensors do
+        # not support: the fake tensor check is what counts.
+        args = _qkv_args(q, k, v, smooth_k, with_corr)
+        torch.library.opcheck(ops.quant_qkv_sm90.default, args, test_utils=("test_faketensor",))

@@ -1,0 +1,497 @@
+// Q, K and V of one sm_90a attention call quantized in two kernel launches (quant.h, QuantQkvArgs):
+//
+// 1. qkv_stats_kernel, grid (chunks, Hkv, B): each CTA reads `chunk` tokens of K and V and writes, per
+//    channel, the float32 sum of K (smooth-K only) and max |V| over its chunk into the workspace,
+//    [2][B, Hkv, chunks, d_pad]. No atomics and nothing to clear: every slot is written once.
+// 2. qkv_quant_kernel, one 1-D grid in three ranges of CTAs: V tiles (FP8 Vᵀ with its keys permuted,
+//    transposed through shared memory into 16-byte row stores; 16384 / d_pad tokens each), K blocks
+//    of 128 keys, Q tiles of 128 tokens. A CTA first reduces the chunk partials it needs (K: k_mean =
+//    sum / Nk; Q with the smooth-K correction: the same; V: v_amax) in one fixed order, so all CTAs
+//    of a (b, hkv) hold the same bits; the first K block of a (b, hkv) writes k_mean, its first V
+//    tile v_scale.
+//
+// A thread holds 8 consecutive channels of a token, one 16-byte load (eight 2-byte loads where the
+// view's base or strides are not 16-byte aligned): d_pad / 8 threads per token. INT8 rows go out as
+// 8-byte stores, Vᵀ rows as 16-byte stores. The arithmetic is quant.cu's, through the helpers of
+// quant_common.cuh; where a result depends on the order of operations (corr's dot product), that
+// order is reproduced as well, so every output is bit for bit what quant.cu's kernels give.
+
+#include "quant.h"
+#include "quant_common.cuh"
+
+namespace sage {
+namespace {
+
+using namespace quant;
+
+constexpr int kVec = 8;             // channels per thread: 8 halves, 16 bytes
+constexpr int kQTokens = 128;       // tokens per Q CTA
+constexpr int kVTileBytes = 16384;  // Vᵀ tile of a V CTA: d_pad rows of kVTileBytes / d_pad tokens
+constexpr int kMaxChunks = 32;      // stats chunks per (b, hkv), at most
+constexpr int kMinChunk = 128;      // tokens per stats chunk, at least
+constexpr int kStatsCtas = 512;     // stats CTAs aimed at (about 4 per SM) when B * Hkv is small
+constexpr int kStatsUnroll = 4;     // tokens of K and of V in flight per thread in the stats loop
+constexpr float kInvFp8Max = static_cast<float>(1.0 / kFp8E4M3Max);  // Python's 1.0 / 448, as float32
+constexpr int64_t kMaxTokens = (int64_t{1} << 31) - 1024;            // token indices stay within int
+
+// Eight consecutive halves: one 16-byte load (kAligned), or eight 2-byte loads.
+template <bool kAligned>
+__device__ __forceinline__ uint4 load8(const void* p) {
+  if constexpr (kAligned) {
+    return __ldg(static_cast<const uint4*>(p));
+  } else {
+    const unsigned short* s = static_cast<const unsigned short*>(p);
+    uint4 r;
+    r.x = s[0] | static_cast<uint32_t>(s[1]) << 16;
+    r.y = s[2] | static_cast<uint32_t>(s[3]) << 16;
+    r.z = s[4] | static_cast<uint32_t>(s[5]) << 16;
+    r.w = s[6] | static_cast<uint32_t>(s[7]) << 16;
+    return r;
+  }
+}
+
+// Element j (0..7) of eight packed halves, as to_float converts it.
+template <typename T>
+__device__ __forceinline__ float element(uint4 raw, int j);
+template <>
+__device__ __forceinline__ float element<__half>(uint4 raw, int j) {
+  const uint32_t w = j < 2 ? raw.x : j < 4 ? raw.y : j < 6 ? raw.z : raw.w;
+  return to_float(__ushort_as_half(static_cast<unsigned short>(j % 2 ? w >> 16 : w & 0xffffu)));
+}
+// A bfloat16 is the high half of the float32 of the same value: masked or shifted in place (the
+// compiler does not see this through to_float, and keeps a shifted copy of every word).
+template <>
+__device__ __forceinline__ float element<__nv_bfloat16>(uint4 raw, int j) {
+  const uint32_t w = j < 2 ? raw.x : j < 4 ? raw.y : j < 6 ? raw.z : raw.w;
+  return __uint_as_float(j % 2 ? w & 0xffff0000u : w << 16);
+}
+
+template <typename T>
+__device__ __forceinline__ void unpack8(uint4 raw, float (&x)[kVec]) {
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) x[j] = element<T>(raw, j);
+}
+
+// Hides raw's value from the compiler: what it computed from raw before is not reused after, but
+// computed again. Keeps converted copies of a register-held tile from living across a block-wide
+// reduction (registers that would otherwise spill).
+__device__ __forceinline__ void opaque(uint4& raw) {
+  asm volatile("" : "+r"(raw.x), "+r"(raw.y), "+r"(raw.z), "+r"(raw.w));
+}
+
+__device__ __forceinline__ uint2 pack8(const int8_t (&q)[kVec]) {
+  uint32_t w[2] = {0u, 0u};
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) w[i / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(q[i])) << (8 * (i % 4));
+  return make_uint2(w[0], w[1]);
+}
+
+// Tokens per stats chunk: chunks enough for about kStatsCtas CTAs, at most kMaxChunks of them.
+int stats_chunk(int64_t batch, int64_t heads_kv, int64_t nk) {
+  const int64_t heads = batch * heads_kv > 0 ? batch * heads_kv : 1;
+  int64_t wanted = (kStatsCtas + heads - 1) / heads;
+  wanted = wanted < 1 ? 1 : (wanted > kMaxChunks ? kMaxChunks : wanted);
+  int64_t chunk = (nk + wanted - 1) / wanted;  // >= nk / wanted: at most `wanted` chunks
+  chunk = (chunk + 63) / 64 * 64;
+  return static_cast<int>(chunk < kMinChunk ? kMinChunk : chunk);
+}
+
+// CTA (x, h, b): per channel, the sum of K over the tokens of chunk x (smooth_k) and their max |V|.
+// Thread (row, c) takes channels [8c, 8c + 8) of the chunk's tokens row, row + kRows, ...; the rows
+// then meet in shared memory, summed in row order.
+template <typename T, int D_PAD, bool kAligned>
+__global__ void __launch_bounds__(kThreads, 3)
+    qkv_stats_kernel(const T* __restrict__ k, Strides3 ks, const T* __restrict__ v, Strides3 vs, int heads_kv,
+                     int n, int head_dim, int chunk, bool smooth_k, float* __restrict__ k_sum,
+                     float* __restrict__ v_amax) {
+  constexpr int kVecs = D_PAD / kVec, kRows = kThreads / kVecs;
+  __shared__ __align__(16) float rows[2][kRows][D_PAD];
+  const int c = threadIdx.x % kVecs, row = threadIdx.x / kVecs;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int first = blockIdx.x * chunk;
+  const int last = static_cast<int>(min(static_cast<int64_t>(first) + chunk, static_cast<int64_t>(n)));
+  const bool active = c * kVec < head_dim;
+  const T* kb = k + b * ks.b + h * ks.h + c * kVec;
+  const T* vb = v + b * vs.b + h * vs.h + c * kVec;
+  float sum[kVec], amax[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) sum[j] = amax[j] = 0.f;
+  for (int t0 = first + row; t0 < last; t0 += kRows * kStatsUnroll) {
+    uint4 kr[kStatsUnroll], vr[kStatsUnroll];
+#pragma unroll
+    for (int u = 0; u < kStatsUnroll; ++u) {
+      const int t = t0 + u * kRows;
+      const bool ok = active && t < last;
+      kr[u] = ok && smooth_k ? load8<kAligned>(kb + t * ks.n) : make_uint4(0, 0, 0, 0);
+      vr[u] = ok ? load8<kAligned>(vb + t * vs.n) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kStatsUnroll; ++u) {
+      float x[kVec];
+      if (smooth_k) {
+        unpack8<T>(kr[u], x);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) sum[j] += x[j];
+      }
+      unpack8<T>(vr[u], x);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) amax[j] = amax2(amax[j], fabsf(x[j]));
+    }
+  }
+  float4* ksum_row = reinterpret_cast<float4*>(&rows[0][row][c * kVec]);
+  float4* vmax_row = reinterpret_cast<float4*>(&rows[1][row][c * kVec]);
+  ksum_row[0] = make_float4(sum[0], sum[1], sum[2], sum[3]);
+  ksum_row[1] = make_float4(sum[4], sum[5], sum[6], sum[7]);
+  vmax_row[0] = make_float4(amax[0], amax[1], amax[2], amax[3]);
+  vmax_row[1] = make_float4(amax[4], amax[5], amax[6], amax[7]);
+  __syncthreads();
+  const int64_t out = ((static_cast<int64_t>(b) * heads_kv + h) * gridDim.x + blockIdx.x) * D_PAD;
+  const int d = threadIdx.x % D_PAD;
+  if (threadIdx.x < D_PAD) {
+    if (smooth_k) {
+      float s = 0.f;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) s += rows[0][r][d];
+      k_sum[out + d] = s;
+    }
+  } else if (threadIdx.x < 2 * D_PAD) {
+    float m = 0.f;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) m = amax2(m, rows[1][r][d]);
+    v_amax[out + d] = m;
+  }
+}
+
+// CTA counts of the quantization grid: V tiles first, then K blocks, then Q tiles.
+struct QkvGrid {
+  int chunks;    // stats chunks per (b, hkv)
+  int v_tiles;   // V tiles per (b, hkv)
+  int k_blocks;  // K blocks per (b, hkv)
+  int q_tiles;   // Q tiles per (b, hq)
+  int v_ctas, k_ctas;
+};
+
+// One (b, hkv)'s statistic from the stats kernel's chunk partials `part` ([chunks, D_PAD]), chunk 0
+// first, into stat[D_PAD]: the K mean (kMean; the sum over chunks divided by n, IEEE) or max |V|.
+// Stages the partials through `stage` (chunks * D_PAD floats); ends with __syncthreads.
+template <int D_PAD, bool kMean>
+__device__ __forceinline__ void reduce_chunks(const float* __restrict__ part, int chunks, int n, float* stage,
+                                              float* stat) {
+  const float4* src = reinterpret_cast<const float4*>(part);
+  float4* dst = reinterpret_cast<float4*>(stage);
+#pragma unroll 1
+  for (int i = threadIdx.x; i < chunks * (D_PAD / 4); i += kThreads) dst[i] = src[i];
+  __syncthreads();
+  if (threadIdx.x < D_PAD) {
+    float acc = 0.f;
+    for (int c = 0; c < chunks; ++c) {
+      const float x = stage[c * D_PAD + threadIdx.x];
+      acc = kMean ? acc + x : amax2(acc, x);
+    }
+    stat[threadIdx.x] = kMean ? __fdiv_rn(acc, static_cast<float>(n)) : acc;
+  }
+  __syncthreads();
+}
+
+// V tile `tile` of (b, hkv) = bh: tokens [tile * kTokens, +kTokens) into Vᵀ[bh, :, same range]. Unit
+// (g, quad, c) quantizes channels [8c, 8c + 8) of the tokens that permuted slots 4 quad .. 4 quad + 3
+// of group g hold (permuted_token), and writes each channel's 4 FP8 bytes as one word of the tile:
+// [d][token slot], the 16-byte chunk of group g of row d at position g ^ (c & 7), so that the words a
+// warp writes spread over the banks. Then each thread copies 16-byte chunks to Vᵀ's rows.
+template <typename T, int D_PAD, bool kAligned>
+__device__ __forceinline__ void quant_v_tile(const QuantQkvArgs& a, const QkvGrid& g, int tile, int bh,
+                                             uint8_t* smem, float* stat) {
+  constexpr int kVecs = D_PAD / kVec;
+  constexpr int kTokens = kVTileBytes / D_PAD;  // 128 or 256
+  constexpr int kGroups = kTokens / 16;
+  constexpr int kUnits = kGroups * 4 * kVecs / kThreads;  // units per thread
+  constexpr int kChunks = D_PAD * kGroups / kThreads;     // 16-byte output chunks per thread
+  static_assert(kGroups >= 8 && kUnits * kThreads == kGroups * 4 * kVecs && kChunks * kThreads == D_PAD * kGroups,
+                "tile shape");
+  const int b = bh / a.heads_kv, h = bh % a.heads_kv;
+  const int first = tile * kTokens;
+  const T* base = static_cast<const T*>(a.v) + b * a.v_strides.b + h * a.v_strides.h;
+  uint4 raw[kUnits][4];
+#pragma unroll
+  for (int i = 0; i < kUnits; ++i) {
+    const int u = threadIdx.x + i * kThreads;
+    const int c = u % kVecs, quad = (u / kVecs) % 4, grp = u / (4 * kVecs);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int t = first + permuted_token(16 * grp + 4 * quad + r);
+      raw[i][r] = t < a.nk && c * kVec < a.head_dim ? load8<kAligned>(base + t * a.v_strides.n + c * kVec)
+                                                   : make_uint4(0, 0, 0, 0);
+    }
+  }
+  const float* part = a.workspace + (static_cast<int64_t>(a.batch) * a.heads_kv + bh) * g.chunks * D_PAD;
+  reduce_chunks<D_PAD, false>(part, g.chunks, a.nk, reinterpret_cast<float*>(smem), stat);
+  if (tile == 0 && threadIdx.x < a.head_dim) {
+    a.v_scale[static_cast<int64_t>(bh) * a.head_dim + threadIdx.x] = __fmul_rn(stat[threadIdx.x], kInvFp8Max);
+  }
+  uint32_t* words = reinterpret_cast<uint32_t*>(smem);
+#pragma unroll
+  for (int i = 0; i < kUnits; ++i) {
+    const int u = threadIdx.x + i * kThreads;
+    const int c = u % kVecs, quad = (u / kVecs) % 4, grp = u / (4 * kVecs);
+    bool valid[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) valid[r] = first + permuted_token(16 * grp + 4 * quad + r) < a.nk;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const int d = c * kVec + j;
+      const float inv = inv_scale(kFp8E4M3Max, stat[d]);
+      float y[4];  // tokens past N: zeros, as quant.cu writes them
+#pragma unroll
+      for (int r = 0; r < 4; ++r) y[r] = valid[r] ? __fmul_rn(element<T>(raw[i][r], j), inv) : 0.f;
+      const uint32_t word = to_fp8x2(y[0], y[1]) | static_cast<uint32_t>(to_fp8x2(y[2], y[3])) << 16;
+      words[(d * kTokens + 16 * (grp ^ (c & 7))) / 4 + quad] = word;
+    }
+  }
+  __syncthreads();
+  uint8_t* out = a.vt + static_cast<int64_t>(bh) * D_PAD * a.n_pad;
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i) {
+    const int u = threadIdx.x + i * kThreads;
+    const int grp = u % kGroups, d = u / kGroups;
+    const int t = first + 16 * grp;
+    if (t < a.n_pad) {
+      const uint4 val = *reinterpret_cast<const uint4*>(smem + d * kTokens + 16 * (grp ^ ((d / kVec) & 7)));
+      *reinterpret_cast<uint4*>(out + static_cast<int64_t>(d) * a.n_pad + t) = val;
+    }
+  }
+}
+
+// K block `blk` of (b, hkv) = bh: 128 keys minus k_mean, one scale (quant.cu's quant_k_kernel). The
+// whole block stays in registers (as loaded: 8 halves in 4 words) between its amax and its
+// quantization, which converts it again.
+template <typename T, int D_PAD, bool kAligned>
+__device__ __forceinline__ void quant_k_block(const QuantQkvArgs& a, const QkvGrid& g, int blk, int bh,
+                                              uint8_t* smem, float* stat, float* warp_max) {
+  constexpr int kVecs = D_PAD / kVec, kRows = kThreads / kVecs, kPasses = kQkvKeyBlock / kRows;
+  const int c = threadIdx.x % kVecs, row = threadIdx.x / kVecs;
+  const int b = bh / a.heads_kv, h = bh % a.heads_kv;
+  const int first = blk * kQkvKeyBlock;
+  const bool active = c * kVec < a.head_dim;
+  const T* base = static_cast<const T*>(a.k) + b * a.k_strides.b + h * a.k_strides.h + c * kVec;
+  uint4 raw[kPasses];
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const int t = first + row + p * kRows;
+    raw[p] = active && t < a.nk ? load8<kAligned>(base + t * a.k_strides.n) : make_uint4(0, 0, 0, 0);
+  }
+  if (a.smooth_k) {
+    const float* part = a.workspace + static_cast<int64_t>(bh) * g.chunks * D_PAD;
+    reduce_chunks<D_PAD, true>(part, g.chunks, a.nk, reinterpret_cast<float*>(smem), stat);
+    if (blk == 0 && threadIdx.x < a.head_dim) {
+      a.k_mean[static_cast<int64_t>(bh) * a.head_dim + threadIdx.x] = stat[threadIdx.x];
+    }
+  } else {
+    if (threadIdx.x < D_PAD) stat[threadIdx.x] = 0.f;
+    __syncthreads();
+  }
+  const float* km = stat + c * kVec;  // this thread's channels of k_mean (zeros without smooth-K)
+  float amax = 0.f;
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    float x[kVec];
+    unpack8<T>(raw[p], x);
+    if (first + row + p * kRows < a.nk) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) amax = amax2(amax, fabsf(__fsub_rn(x[j], km[j])));
+    }
+  }
+  amax = warp_amax(amax);
+  if (threadIdx.x % kWarp == 0) warp_max[threadIdx.x / kWarp] = amax;
+  __syncthreads();
+  amax = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) amax = amax2(amax, warp_max[w]);
+  const float inv = inv_scale(kInt8Max, amax);
+  int8_t* out = a.k_int8 + static_cast<int64_t>(bh) * a.nk * D_PAD + c * kVec;
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const int t = first + row + p * kRows;
+    opaque(raw[p]);
+    if (t < a.nk) {
+      float x[kVec];
+      unpack8<T>(raw[p], x);
+      int8_t q[kVec];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) q[j] = to_int8(__fsub_rn(x[j], km[j]), inv);
+      *reinterpret_cast<uint2*>(out + static_cast<int64_t>(t) * D_PAD) = pack8(q);
+    }
+  }
+  if (threadIdx.x == 0) {
+    a.k_scale[static_cast<int64_t>(bh) * g.k_blocks + blk] = __fmul_rn(amax, 1.0f / kInt8Max);
+  }
+}
+
+// Q tile `tile` of (b, hq) = bh: 128 tokens, one scale per token (quant.cu's quant_q_kernel), plus
+// corr = sm_scale * q . k_mean when a.corr is set. quant_q_kernel gives lane l of a warp the
+// channels [l * E, l * E + E) (E = D_PAD / 32), sums each lane's products in channel order and then
+// the lanes with __shfl_xor offsets 16, 8, .., 1. Here a thread holds kLanes = 8 / E such lanes as
+// separate partial sums: the offsets >= kLanes run across threads (offset / kLanes) on each
+// partial, the smaller ones within the thread, in the same order, so corr has the same bits.
+template <typename T, int D_PAD, bool kAligned>
+__device__ __forceinline__ void quant_q_tile(const QuantQkvArgs& a, const QkvGrid& g, int tile, int bh,
+                                             uint8_t* smem, float* stat) {
+  constexpr int kVecs = D_PAD / kVec, kRows = kThreads / kVecs, kPasses = kQTokens / kRows;
+  constexpr int kE = D_PAD / kWarp, kLanes = kVec / kE;
+  const int c = threadIdx.x % kVecs, row = threadIdx.x / kVecs;
+  const int b = bh / a.heads_q, h = bh % a.heads_q;
+  const int first = tile * kQTokens;
+  const bool active = c * kVec < a.head_dim;
+  const T* base = static_cast<const T*>(a.q) + b * a.q_strides.b + h * a.q_strides.h + c * kVec;
+  uint4 raw[kPasses];
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const int t = first + row + p * kRows;
+    raw[p] = active && t < a.nq ? load8<kAligned>(base + t * a.q_strides.n) : make_uint4(0, 0, 0, 0);
+  }
+  const bool with_corr = a.corr != nullptr;
+  if (with_corr) {
+    const int kv_group = a.heads_q / a.heads_kv;
+    const int64_t bkv = static_cast<int64_t>(b) * a.heads_kv + h / kv_group;
+    reduce_chunks<D_PAD, true>(a.workspace + bkv * g.chunks * D_PAD, g.chunks, a.nk, reinterpret_cast<float*>(smem),
+                               stat);
+  }
+  // This thread's channels of k_mean, read from shared memory at each use (volatile) rather than
+  // held in registers through all passes.
+  const volatile float* km = stat + c * kVec;
+  const int64_t row0 = static_cast<int64_t>(bh) * a.nq;
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const int t = first + row + p * kRows;
+    float x[kVec];
+    unpack8<T>(raw[p], x);
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) amax = amax2(amax, fabsf(x[j]));
+#pragma unroll
+    for (int o = kVecs / 2; o > 0; o >>= 1) amax = amax2(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float inv = inv_scale(kInt8Max, amax);
+    if (t < a.nq) {
+      int8_t q[kVec];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) q[j] = to_int8(x[j], inv);
+      *reinterpret_cast<uint2*>(a.q_int8 + (row0 + t) * D_PAD + c * kVec) = pack8(q);
+      if (c == 0) a.q_scale[row0 + t] = amax * a.scale_mul;
+    }
+    if (with_corr) {
+      float dot[kLanes];
+#pragma unroll
+      for (int l = 0; l < kLanes; ++l) {
+        dot[l] = 0.f;
+#pragma unroll
+        for (int e = 0; e < kE; ++e) dot[l] = dot_step(dot[l], x[l * kE + e], km[l * kE + e]);
+      }
+#pragma unroll
+      for (int o = kVecs / 2; o > 0; o >>= 1) {
+#pragma unroll
+        for (int l = 0; l < kLanes; ++l) dot[l] += __shfl_xor_sync(0xffffffffu, dot[l], o);
+      }
+#pragma unroll
+      for (int o = kLanes / 2; o > 0; o >>= 1) {
+#pragma unroll
+        for (int l = 0; l < o; ++l) dot[l] += dot[l + o];
+      }
+      if (t < a.nq && c == 0) a.corr[row0 + t] = dot[0] * a.sm_scale;
+    }
+  }
+}
+
+template <typename T, int D_PAD, bool kAligned>
+__global__ void __launch_bounds__(kThreads, 3) qkv_quant_kernel(const QuantQkvArgs a, const QkvGrid g) {
+  // Staged chunk partials (at most kMaxChunks x D_PAD floats), then, in V CTAs, the Vᵀ tile.
+  __shared__ __align__(16) uint8_t smem[kVTileBytes > kMaxChunks * D_PAD * 4 ? kVTileBytes : kMaxChunks * D_PAD * 4];
+  __shared__ float stat[D_PAD];
+  __shared__ float warp_max[kWarps];
+  int cta = blockIdx.x;
+  if (cta < g.v_ctas) {
+    quant_v_tile<T, D_PAD, kAligned>(a, g, cta % g.v_tiles, cta / g.v_tiles, smem, stat);
+    return;
+  }
+  cta -= g.v_ctas;
+  if (cta < g.k_ctas) {
+    quant_k_block<T, D_PAD, kAligned>(a, g, cta % g.k_blocks, cta / g.k_blocks, smem, stat, warp_max);
+    return;
+  }
+  cta -= g.k_ctas;
+  quant_q_tile<T, D_PAD, kAligned>(a, g, cta % g.q_tiles, cta / g.q_tiles, smem, stat);
+}
+
+// A view whose 8-element runs can be read as 16-byte words: a 16-byte aligned base, and strides that
+// are multiples of 8 elements (those of dimensions of size 1 never move the pointer).
+bool vec_aligned(const void* p, Strides3 s, int batch, int heads, int n) {
+  auto ok = [](int64_t stride, int size) { return size == 1 || stride % kVec == 0; };
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ok(s.b, batch) && ok(s.h, heads) && ok(s.n, n);
+}
+
+template <typename T, int D_PAD, bool kAligned>
+cudaError_t launch(const QuantQkvArgs& a, cudaStream_t stream) {
+  const int chunk = stats_chunk(a.batch, a.heads_kv, a.nk);
+  QkvGrid g{};
+  g.chunks = (a.nk + chunk - 1) / chunk;
+  g.v_tiles = (a.n_pad + kVTileBytes / D_PAD - 1) / (kVTileBytes / D_PAD);
+  g.k_blocks = (a.nk + kQkvKeyBlock - 1) / kQkvKeyBlock;
+  g.q_tiles = (a.nq + kQTokens - 1) / kQTokens;
+  const int64_t kv_heads = static_cast<int64_t>(a.batch) * a.heads_kv;
+  const int64_t v_ctas = kv_heads * g.v_tiles, k_ctas = kv_heads * g.k_blocks;
+  const int64_t q_ctas = static_cast<int64_t>(a.batch) * a.heads_q * g.q_tiles;
+  if (v_ctas + k_ctas + q_ctas >= (int64_t{1} << 31) || a.batch > 65535 || a.heads_kv > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  g.v_ctas = static_cast<int>(v_ctas);
+  g.k_ctas = static_cast<int>(k_ctas);
+  float* k_sum = a.workspace;
+  float* v_amax = a.workspace + kv_heads * g.chunks * D_PAD;
+  qkv_stats_kernel<T, D_PAD, kAligned><<<dim3(g.chunks, a.heads_kv, a.batch), kThreads, 0, stream>>>(
+      static_cast<const T*>(a.k), a.k_strides, static_cast<const T*>(a.v), a.v_strides, a.heads_kv, a.nk, a.head_dim,
+      chunk, a.smooth_k, k_sum, v_amax);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const unsigned ctas = static_cast<unsigned>(v_ctas + k_ctas + q_ctas);
+  qkv_quant_kernel<T, D_PAD, kAligned><<<ctas, kThreads, 0, stream>>>(a, g);
+  return cudaGetLastError();
+}
+
+template <typename T, int D_PAD>
+cudaError_t launch_aligned(const QuantQkvArgs& a, cudaStream_t stream) {
+  const bool aligned = vec_aligned(a.q, a.q_strides, a.batch, a.heads_q, a.nq) &&
+                       vec_aligned(a.k, a.k_strides, a.batch, a.heads_kv, a.nk) &&
+                       vec_aligned(a.v, a.v_strides, a.batch, a.heads_kv, a.nk);
+  return aligned ? launch<T, D_PAD, true>(a, stream) : launch<T, D_PAD, false>(a, stream);
+}
+
+template <typename T>
+cudaError_t launch_typed(const QuantQkvArgs& a, cudaStream_t stream) {
+  switch (a.d_pad) {
+    case 64:
+      return launch_aligned<T, 64>(a, stream);
+    case 128:
+      return launch_aligned<T, 128>(a, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+int64_t quant_qkv_workspace_floats(int batch, int heads_kv, int nk, int d_pad) {
+  const int chunk = stats_chunk(batch, heads_kv, nk);
+  return int64_t{2} * batch * heads_kv * ((nk + chunk - 1) / chunk) * d_pad;
+}
+
+cudaError_t launch_quant_qkv_sm90(const QuantQkvArgs& args, cudaStream_t stream) {
+  const bool shapes_ok = args.batch >= 1 && args.heads_kv >= 1 && args.heads_q % args.heads_kv == 0 &&
+                         args.nk >= 1 && args.nq >= 0 && args.nq < kMaxTokens && args.n_pad < kMaxTokens &&
+                         args.head_dim % kVec == 0 && args.head_dim >= kVec && args.head_dim <= args.d_pad &&
+                         args.n_pad >= args.nk && args.n_pad % kQkvKeyGroup == 0;
+  if (!shapes_ok || (args.corr != nullptr && !args.smooth_k) || (args.smooth_k && args.k_mean == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  return args.type == HalfType::kFloat16 ? launch_typed<__half>(args, stream)
+                                          : launch_typed<__nv_bfloat16>(args, stream);
+}
+
+}  // namespace sage
