@@ -61,11 +61,6 @@ def _dispatch_head_dim(head_dim):
     return MAX_HEAD_DIM if head_dim <= MAX_HEAD_DIM else MAX_HEAD_DIM + 1
 
 
-def _long_kv(kv_len):
-    # Like _dispatch_head_dim: a bool from a conditional expression, a guard under torch.compile.
-    return True if kv_len >= dispatch.LONG_KV else False
-
-
 def _options(caller, kwargs, valid, explicit, grans=None, accums=None) -> dict:
     """Merge and check the quantization options (kwargs and the variant's own parameters)."""
     check_kwargs(caller, kwargs, valid)
@@ -96,7 +91,7 @@ def _attention(caller, forced, q, k, v, tensor_layout, is_causal, sm_scale, retu
         check_head_dim_for_kernels(caller, head_dim)
     name = dispatch.select(
         q.device.type, q.device.index, q.dtype, _dispatch_head_dim(head_dim), mask is not None, False,
-        return_lse, forced, caller, _long_kv(k.shape[2]),
+        return_lse, forced, caller,
     )  # fmt: skip
     backend = dispatch.BACKENDS[name]
     out, lse = backend.dense(

@@ -5,8 +5,7 @@ the request, its backend can run the request (device, head dim, mask, varlen) an
 available here (kernels built or importable). The last row, torch SDPA, takes everything else and
 warns once per distinct reason per process, saying why the quantized kernels were not used.
 
-    sm90                      CUDA sm90 kernel from LONG_KV keys, else Triton FP8, else the CUDA kernel
-                              (by measurement, see LONG_KV)
+    sm90                      CUDA sm90 kernel, else Triton FP8 (masks)
     sm89, sm100, sm120, sm121 CUDA sm89 kernel, else Triton FP8 (Triton's FP8 path also runs on sm120+)
     sm80, sm86, sm87          CUDA sm80 kernel, else Triton FP16
     other sm80+ GPUs          Triton FP16
@@ -44,7 +43,6 @@ class Request:
     varlen: bool = False
     return_lse: bool = False
     is_hip: bool = False
-    long_kv: bool = False  # at least LONG_KV keys (the API passes the comparison, not the length)
 
 
 @dataclass(frozen=True)
@@ -113,10 +111,6 @@ def _always(req: Request) -> bool:
     return True
 
 
-def _long_kv_on(*capabilities: tuple) -> Callable[[Request], bool]:
-    return lambda req: req.capability in capabilities and req.long_kv
-
-
 def _cuda(arch: str) -> Callable[[], str | None]:
     return lambda: ops.cuda_unavailable_reason(arch)
 
@@ -170,16 +164,13 @@ BACKENDS = {b.name: b for b in (CUDA_SM90, CUDA_SM89, CUDA_SM80, TRITON_FP8, TRI
 _FP8_FAMILY = ((8, 9), (10, 0), (12, 0), (12, 1))
 _AMPERE = ((8, 0), (8, 6), (8, 7))
 
-#: Keys from which the sm90 CUDA kernel serves sageattn on sm90 (H100, b=4 h=32 d=128 bf16, full call
-#: TOPS, CUDA kernel against Triton FP8, bench/results/attention-NVIDIA_H100_80GB_HBM3-2026-11-23.json:
-#: non-causal n=4096 505 / 541, 8192 635 / 613, 16384 699 / 649, 32768 707 / 604; causal n=4096
-#: 373 / 433, 8192 539 / 548, 16384 647 / 584, 32768 708 / 627). Below it the Triton kernels lead.
-LONG_KV = 8192
-
+#: On sm90 the CUDA kernel leads the Triton FP8 kernels at every length (H100, b=4 h=32 d=128 bf16,
+#: full call TOPS, CUDA against Triton, bench/results/attention-NVIDIA_H100_80GB_HBM3-2026-11-23b.json:
+#: non-causal n=1024 303 / 155, 4096 639 / 543, 16384 793 / 556; causal 183 / 53, 483 / 436, 707 /
+#: 600; b=1 h=24 n=4608 589 / 475). Triton serves what the CUDA kernel does not take (masks).
 TABLE = (
-    Entry(f"sm90, >= {LONG_KV} keys: CUDA sm90 kernel", _long_kv_on((9, 0)), CUDA_SM90),
-    Entry("sm90: Triton FP8", _archs((9, 0)), TRITON_FP8),
     Entry("sm90: CUDA sm90 kernel", _archs((9, 0)), CUDA_SM90),
+    Entry("sm90: Triton FP8", _archs((9, 0)), TRITON_FP8),
     Entry("sm89/sm100/sm120/sm121: CUDA sm89 kernel", _archs(*_FP8_FAMILY), CUDA_SM89),
     Entry("sm89/sm100/sm120/sm121: Triton FP8", _archs(*_FP8_FAMILY), TRITON_FP8),
     Entry("sm80/sm86/sm87: CUDA sm80 kernel", _archs(*_AMPERE), CUDA_SM80),
@@ -207,11 +198,11 @@ def device_capability(device_type: str, index: int | None) -> Capability:
 
 
 def make_request(
-    device_type, index, dtype, head_dim, has_mask=False, varlen=False, return_lse=False, long_kv=False
+    device_type, index, dtype, head_dim, has_mask=False, varlen=False, return_lse=False
 ) -> Request:
     return Request(
         device_type, device_capability(device_type, index), dtype, head_dim, has_mask, varlen, return_lse,
-        is_hip=device_type == "cuda" and torch.version.hip is not None, long_kv=long_kv,
+        is_hip=device_type == "cuda" and torch.version.hip is not None,
     )  # fmt: skip
 
 
@@ -283,13 +274,12 @@ def select(
     return_lse: bool,
     forced: str | None = None,
     caller: str = "sageattn",
-    long_kv: bool = False,
 ) -> str:
     """Name of the backend for a call (memoized). ``forced`` names the backend of an explicit variant."""
-    key = (device_type, index, dtype, head_dim, has_mask, varlen, return_lse, forced, caller, long_kv)
+    key = (device_type, index, dtype, head_dim, has_mask, varlen, return_lse, forced, caller)
     name = _decisions.get(key)
     if name is None:
-        req = make_request(device_type, index, dtype, head_dim, has_mask, varlen, return_lse, long_kv)
+        req = make_request(device_type, index, dtype, head_dim, has_mask, varlen, return_lse)
         if forced is not None:
             name = _forced(caller, req, BACKENDS[forced])
         else:

@@ -191,23 +191,22 @@ class SageBackend:
     def call(self, *args, **kwargs):
         return getattr(sageattention, self.function)(*args, **kwargs)
 
-    def resolve(self, has_mask: bool = False, kv_len: int = 0) -> SageBackend:
+    def resolve(self, has_mask: bool = False) -> SageBackend:
         """The backend that serves a call on the current GPU: itself, or for sageattn the one
-        dispatch picks for a call with ``kv_len`` keys (itself again when that is torch SDPA)."""
+        dispatch picks (itself again when that is torch SDPA)."""
         if self.pv is not None:
             return self
         request = dispatch.make_request(
-            "cuda", torch.cuda.current_device(), torch.bfloat16, MAX_HEAD_DIM, has_mask,
-            long_kv=kv_len >= dispatch.LONG_KV,
+            "cuda", torch.cuda.current_device(), torch.bfloat16, MAX_HEAD_DIM, has_mask
         )  # fmt: skip
         entry, _ = dispatch.decide(request)
         return _BACKENDS_BY_NAME.get(entry.backend.name, self)
 
-    def reference_options(self, head_dim: int, has_mask: bool = False, kv_len: int = 0) -> dict:
+    def reference_options(self, head_dim: int, has_mask: bool = False) -> dict:
         """The ``sage_ref`` keyword arguments that reproduce this backend's quantization. The compiled
         kernels hand head dims that are not a multiple of 8 to the Triton kernels of their P·V
         precision (ops.cuda_attention)."""
-        backend = self.resolve(has_mask, kv_len)
+        backend = self.resolve(has_mask)
         if not backend.compiled or head_dim % 8:
             from sageattention.triton.launch import reference_options  # noqa: PLC0415 - needs triton
 

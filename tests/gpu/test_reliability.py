@@ -150,7 +150,7 @@ def test_offsets_beyond_2_31(sage_backend, metrics, tmp_path):
     free, _ = torch.cuda.mem_get_info()
     if free < BIG_FREE_BYTES:
         pytest.skip(f"needs {BIG_FREE_BYTES / GiB:.0f} GiB of free GPU memory, {free / GiB:.1f} GiB free")
-    options = {case.name: sage_backend.reference_options(128, kv_len=case.nk) for case in BIG_CASES}
+    options = {case.name: sage_backend.reference_options(128) for case in BIG_CASES}
     results_path = tmp_path / "results.pt"
     args = {
         "function": sage_backend.function,
@@ -174,7 +174,7 @@ def test_offsets_beyond_2_31(sage_backend, metrics, tmp_path):
                 f"{proc.stderr[-6000:]}"
             )
         r = results[case.name]
-        pv = sage_backend.resolve(kv_len=case.nk).pv
+        pv = sage_backend.resolve().pv
         stats = metrics.assert_tight(r["out"], r["ref"], pv, f"{sage_backend.name} {case.name}, far end")
         torch.testing.assert_close(r["lse"], r["ref_lse"], atol=LSE_ATOL, rtol=1e-4)
         print(
@@ -211,9 +211,9 @@ def test_awkward_sizes(sage_backend, mma, metrics, size):
     q, k, v = qkv(mma, b, hq, hkv, nq, nk, d, seed=nq + nk, layout="NHD", dtype=dtype)
     out, lse = sage_backend.call(q, k, v, is_causal=causal, return_lse=True)
     assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == (b, hq, nq)
-    options = sage_backend.reference_options(d, kv_len=nk)
+    options = sage_backend.reference_options(d)
     ref, ref_lse = sage_ref(q, k, v, is_causal=causal, return_lse=True, **options)
-    mma.check_tight(metrics, out, ref, sage_backend.resolve(kv_len=nk).pv, f"{sage_backend.name} {size}")
+    mma.check_tight(metrics, out, ref, sage_backend.resolve().pv, f"{sage_backend.name} {size}")
     torch.testing.assert_close(lse, ref_lse, atol=LSE_ATOL, rtol=1e-4)
 
 
@@ -438,7 +438,7 @@ def extra_memory_bound(backend, b, hq, hkv, nq, nk, d, dtype, return_lse, smooth
     d_pad: the next power of two >= max(D, 32) in the Triton kernels (key block 64 with FP16 P·V, 128
     with FP8), 64 or 128 in the compiled kernels (key block 64 for sm80/sm89, 128 for sm90; head dims
     not a multiple of 8 go to the Triton kernels)."""
-    picked = backend.resolve(kv_len=nk)
+    picked = backend.resolve()
     pv = picked.pv
     triton = not picked.compiled or d % 8
     if triton:
@@ -482,7 +482,7 @@ def test_extra_memory_is_bounded(sage_backend, mma):
     items = extra_memory_bound(sage_backend, b, hq, hkv, n, n, d, dtype, return_lse=True)
     bound = sum(items.values())
     print(
-        f"\n{sage_backend.name} (runs {sage_backend.resolve(kv_len=n).name}), "
+        f"\n{sage_backend.name} (runs {sage_backend.resolve().name}), "
         f"b={b} hq={hq} hkv={hkv} n={n} d={d} "
         f"bf16: extra {extra / MiB:.1f} MiB, bound {bound / MiB:.1f} MiB = "
         + " + ".join(f"{name} {size / MiB:.2f}" for name, size in items.items() if size)

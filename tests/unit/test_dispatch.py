@@ -44,7 +44,7 @@ ALL_CUDA = {"sm80", "sm89", "sm90"}
 @pytest.mark.parametrize(
     "capability,cuda,triton,expected",
     [
-        ((9, 0), ALL_CUDA, True, "triton_fp8"),  # measured faster than the CUDA sm90 kernel today
+        ((9, 0), ALL_CUDA, True, "cuda_sm90"),  # measured faster than Triton FP8 at every length
         ((9, 0), ALL_CUDA, False, "cuda_sm90"),  # no Triton: the compiled kernel
         ((9, 0), {"sm80", "sm89"}, True, "triton_fp8"),
         ((9, 0), set(), False, "sdpa"),
@@ -90,7 +90,7 @@ def test_varlen_skips_the_cuda_kernels(built):
         (req(None, "mps"), "device mps is not a CUDA GPU"),
         (req((7, 5)), "needs sm80 or newer, this GPU is sm75"),
         (req((9, 0), is_hip=True), "ROCm GPUs are not supported"),
-        (req((9, 0), head_dim=129), "head_dim > 128 (triton_fp8, cuda_sm90, triton_fp16)"),
+        (req((9, 0), head_dim=129), "head_dim > 128 (cuda_sm90, triton_fp8, triton_fp16)"),
     ],
 )
 def test_fallback_reasons(built, request_, reason):
@@ -102,7 +102,7 @@ def test_fallback_reasons(built, request_, reason):
 def test_fallback_reason_names_each_missing_backend(built):
     built(cuda=(), triton=False)
     _, reasons = dispatch.decide(req((9, 0)))
-    assert reasons == ["no triton (triton_fp8, triton_fp16)", "sm90 not built (cuda_sm90)"]
+    assert reasons == ["sm90 not built (cuda_sm90)", "no triton (triton_fp8, triton_fp16)"]
 
 
 def test_real_availability_reasons_are_recorded():
@@ -121,29 +121,16 @@ def test_table_is_ordered_data_ending_with_sdpa():
     assert set(dispatch.BACKENDS) == set(names)
 
 
-def test_sm90_takes_the_cuda_kernel_from_long_kv_only(built):
-    """Measured (dispatch.LONG_KV): Triton leads below LONG_KV keys, the CUDA kernel from there; either
-    stands in for the other when it is missing, and masks stay with Triton."""
+def test_sm90_takes_the_cuda_kernel(built):
+    """Measured (dispatch.TABLE's note): the CUDA kernel leads Triton at every length; Triton stands in
+    when the kernel is missing, and masks stay with Triton."""
     built(cuda=ALL_CUDA)
-    assert chosen(req(long_kv=True)) == "cuda_sm90"
-    assert chosen(req(long_kv=False)) == "triton_fp8"
-    assert chosen(req(long_kv=True, has_mask=True)) == "triton_fp8"
+    assert chosen(req()) == "cuda_sm90"
+    assert chosen(req(has_mask=True)) == "triton_fp8"
     built(cuda=ALL_CUDA - {"sm90"})
-    assert chosen(req(long_kv=True)) == "triton_fp8"
+    assert chosen(req()) == "triton_fp8"
     built(cuda=ALL_CUDA, triton=False)
-    assert chosen(req(long_kv=False)) == "cuda_sm90"
-
-
-def test_api_passes_long_kv_by_the_key_count(built, monkeypatch):
-    seen = []
-    monkeypatch.setattr(dispatch, "select", lambda *a, **kw: seen.append(a[-1]) or "sdpa")
-    import sageattention as sa
-
-    for nk in (dispatch.LONG_KV - 1, dispatch.LONG_KV):
-        q = torch.zeros(1, 1, 4, 32, dtype=BF16)
-        kv = torch.zeros(1, 1, nk, 32, dtype=BF16)
-        sa.sageattn(q, kv, kv, tensor_layout="HND")
-    assert seen == [False, True]
+    assert chosen(req()) == "cuda_sm90"
 
 
 def test_select_memoizes(built, monkeypatch):
@@ -210,7 +197,7 @@ def test_explain_pretend_sm90(built, monkeypatch):
     info = dispatch.explain(torch.device("cuda", 0))
     assert info["backend"] == "triton_fp8" and info["capability"] == "sm90"
     status = {row["row"]: row["status"] for row in info["table"]}
-    assert status["sm90: CUDA sm90 kernel"] == "not reached"
+    assert status["sm90: CUDA sm90 kernel"] == "skipped: sm90 not built"
     assert status["sm90: Triton FP8"] == "chosen"
     assert status["sm80 and newer: Triton FP16"] == "not reached"
     assert status["sm80/sm86/sm87: CUDA sm80 kernel"] == "not routed here"
