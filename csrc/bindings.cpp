@@ -90,6 +90,20 @@ void check_float(const at::Tensor& x, const char* name, const at::Tensor& like, 
 
 [[maybe_unused]] sage::Strides3 strides(const at::Tensor& x) { return {x.stride(0), x.stride(1), x.stride(2)}; }
 
+// The sizes of an argument struct with query and KV head counts (sage::QuantQkvArgs, AttnSm90Args),
+// checked by the caller to fit in int.
+template <typename Args>
+[[maybe_unused]] void set_sizes(Args& args, int64_t b, int64_t hq, int64_t hkv, int64_t nq, int64_t nk,
+                                int64_t head_dim, int64_t d_pad) {
+  args.batch = static_cast<int>(b);
+  args.heads_q = static_cast<int>(hq);
+  args.heads_kv = static_cast<int>(hkv);
+  args.nq = static_cast<int>(nq);
+  args.nk = static_cast<int>(nk);
+  args.head_dim = static_cast<int>(head_dim);
+  args.d_pad = static_cast<int>(d_pad);
+}
+
 [[maybe_unused]] void check_d_pad(int64_t d_pad, int64_t head_dim) {
   TORCH_CHECK((d_pad == 32 || d_pad == 64 || d_pad == 128) && head_dim <= d_pad,
               "d_pad must be 32, 64 or 128 and at least the head dim ", head_dim, ", got ", d_pad);
@@ -218,13 +232,7 @@ quant_qkv_sm90(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bo
   args.q_strides = strides(q);
   args.k_strides = strides(k);
   args.v_strides = strides(v);
-  args.batch = static_cast<int>(b);
-  args.heads_q = static_cast<int>(hq);
-  args.heads_kv = static_cast<int>(hkv);
-  args.nq = static_cast<int>(nq);
-  args.nk = static_cast<int>(nk);
-  args.head_dim = static_cast<int>(head_dim);
-  args.d_pad = static_cast<int>(d_pad);
+  set_sizes(args, b, hq, hkv, nq, nk, head_dim, d_pad);
   args.n_pad = static_cast<int>(n_pad);
   args.smooth_k = smooth_k;
   args.sm_scale = static_cast<float>(sm_scale);
@@ -564,13 +572,7 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_sv_f8_attn_sm90(const at::Tensor& q_i
     args.lse = lse.data_ptr<float>();
     args.lse_strides = strides(lse);
   }
-  args.batch = static_cast<int>(b);
-  args.heads_q = static_cast<int>(hq);
-  args.heads_kv = static_cast<int>(hkv);
-  args.nq = static_cast<int>(nq);
-  args.nk = static_cast<int>(nk);
-  args.head_dim = static_cast<int>(head_dim);
-  args.d_pad = static_cast<int>(d_pad);
+  set_sizes(args, b, hq, hkv, nq, nk, head_dim, d_pad);
   args.causal = is_causal;
   check_cuda(sage::launch_qk_int8_sv_f8_attn_sm90(args, c10::cuda::getCurrentCUDAStream().stream()),
              "qk_int8_sv_f8_attn_sm90");

@@ -50,6 +50,18 @@ __device__ __forceinline__ uint4 load8(const void* p) {
   }
 }
 
+// A thread's share of a tile: tokens t0, t0 + kRows, ... (one per pass), eight halves each from
+// `base` (a token's first channel for this thread), zeros past `limit` or for an inactive thread.
+template <bool kAligned, int kRows, typename T, int kPasses>
+__device__ __forceinline__ void load_tile(const T* base, int64_t stride, int t0, int limit, bool active,
+                                          uint4 (&raw)[kPasses]) {
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const int t = t0 + p * kRows;
+    raw[p] = active && t < limit ? load8<kAligned>(base + t * stride) : make_uint4(0, 0, 0, 0);
+  }
+}
+
 // Element j (0..7) of eight packed halves, as to_float converts it.
 template <typename T>
 __device__ __forceinline__ float element(uint4 raw, int j);
@@ -274,11 +286,7 @@ __device__ __forceinline__ void quant_k_block(const QuantQkvArgs& a, const QkvGr
   const bool active = c * kVec < a.head_dim;
   const T* base = static_cast<const T*>(a.k) + b * a.k_strides.b + h * a.k_strides.h + c * kVec;
   uint4 raw[kPasses];
-#pragma unroll
-  for (int p = 0; p < kPasses; ++p) {
-    const int t = first + row + p * kRows;
-    raw[p] = active && t < a.nk ? load8<kAligned>(base + t * a.k_strides.n) : make_uint4(0, 0, 0, 0);
-  }
+  load_tile<kAligned, kRows>(base, a.k_strides.n, first + row, a.nk, active, raw);
   if (a.smooth_k) {
     const float* part = a.workspace + static_cast<int64_t>(bh) * g.chunks * D_PAD;
     reduce_chunks<D_PAD, true>(part, g.chunks, a.nk, reinterpret_cast<float*>(smem), stat);
@@ -343,11 +351,7 @@ __device__ __forceinline__ void quant_q_tile(const QuantQkvArgs& a, const QkvGri
   const bool active = c * kVec < a.head_dim;
   const T* base = static_cast<const T*>(a.q) + b * a.q_strides.b + h * a.q_strides.h + c * kVec;
   uint4 raw[kPasses];
-#pragma unroll
-  for (int p = 0; p < kPasses; ++p) {
-    const int t = first + row + p * kRows;
-    raw[p] = active && t < a.nq ? load8<kAligned>(base + t * a.q_strides.n) : make_uint4(0, 0, 0, 0);
-  }
+  load_tile<kAligned, kRows>(base, a.q_strides.n, first + row, a.nq, active, raw);
   const bool with_corr = a.corr != nullptr;
   if (with_corr) {
     const int kv_group = a.heads_q / a.heads_kv;
