@@ -65,7 +65,7 @@ def _attn_blocks(
     K_RESIDUAL: K is two INT8 digits (k1 at k_base, k2 at kr_base); the exact integer score is
     254 * (q . k1) + q . k2, which fits int32 (quant.K_RESIDUAL_MUL)."""
     tile_n = tl.arange(0, BLOCK_N)
-    tile_m = rows - tl.min(rows, axis=0)  # rows of this program, from 0 (mask_base points at its first)
+    tile_m = tl.arange(0, rows.shape[0])  # rows of this program, from 0 (mask_base points at its first)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + tile_n
         col_ok = cols < len_k
