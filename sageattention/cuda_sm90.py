@@ -35,8 +35,6 @@ __all__ = ["attention_sm90", "KEY_BLOCK"]
 
 #: Keys per kernel step and K's INT8 block (one scale per block).
 KEY_BLOCK = 128
-#: Vᵀ's key dimension is padded to a multiple of this (the permutation group; TMA row alignment).
-KEY_GROUP = 16
 
 
 def attention_sm90(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool, return_lse: bool):
@@ -53,7 +51,7 @@ def attention_sm90(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool,
 
     with_corr = return_lse and smooth_k
     scale_mul = sm_scale * LOG2E / INT8_MAX
-    # K's scales cover KEY_BLOCK keys each; Vᵀ's keys are padded to a multiple of KEY_GROUP (quant.h).
+    # K's scales cover KEY_BLOCK keys each; Vᵀ's keys are padded to a multiple of 16 (quant.h).
     qq, q_scale, corr, kq, k_scale, vt, v_scale, _ = ops.quant_qkv_sm90(
         q, k, v, smooth_k, sm_scale, scale_mul, d_pad, with_corr
     )

@@ -250,9 +250,10 @@ def sage_ref(
         m = m_new
 
     p_scale = FP8_E4M3_MAX if pv is PVDtype.FP8 else 1.0  # p_q = p_scale * P, rounded
+    # l_sum adds P (exact) or p_q (rounded); the divisor is in p_q's units, the LSE's sum in P's.
+    denom = l_sum if rowsum == "rounded" else l_sum * p_scale
     if rowsum == "rounded":
-        l_sum = l_sum / p_scale  # the sum of the rounded P, in the units of P
-    denom = l_sum * p_scale
+        l_sum = l_sum / p_scale
     out = torch.where(denom.unsqueeze(-1) > 0, acc / denom.unsqueeze(-1), torch.zeros_like(acc))
     if v_scale is not None:
         out = out * _expand_kv(v_scale, hq).unsqueeze(2)

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "sage_types.h"
+#include "sm90/attn.h"
 
 namespace sage {
 
@@ -46,10 +47,10 @@ cudaError_t launch_quant_v_fp8_transposed(const void* v, HalfType type, Strides3
                                           int n, int head_dim, int d_pad, int n_pad, const float* v_amax,
                                           uint8_t* vt, bool permute_keys, cudaStream_t stream);
 
-// Keys per block of K's INT8 scale and the Vᵀ key padding of the sm_90a kernel (csrc/sm90/attn.h):
-// launch_quant_qkv_sm90 quantizes for that kernel.
-constexpr int kQkvKeyBlock = 128;
-constexpr int kQkvKeyGroup = 16;
+// Keys per block of K's INT8 scale and the Vᵀ key padding: the sm_90a kernel's (csrc/sm90/attn.h),
+// which launch_quant_qkv_sm90 quantizes for.
+constexpr int kQkvKeyBlock = kSm90KeyBlock;
+constexpr int kQkvKeyGroup = kSm90KeyPermuteGroup;
 
 // Q, K and V of one sm_90a attention call in two kernel launches (csrc/fused/quant_qkv.cu), each
 // output bit for bit what the launchers above give:

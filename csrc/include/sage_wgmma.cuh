@@ -144,7 +144,7 @@ __device__ __forceinline__ void wgmma_m64n128k32_s32_s8<true>(int32_t (&d)[64], 
 
 // O_blk = P V: FP8 e4m3 x e4m3 -> FP32, 64 x N x 32 per warpgroup, P (A) from registers, Vᵀ (B)
 // from shared memory (K-major: keys contiguous per channel; FP8 wgmma has no transposed form).
-// N = 64 / 128 (the head dims) or 72 / 136 (a head dim and 8 more columns, see csrc/sm90).
+// N = 72 / 136: head dim 64 / 128 and 8 more columns (the row sums, see csrc/sm90).
 template <int N, bool kAccumulate>
 __device__ __forceinline__ void wgmma_m64nNk32_f32_e4m3(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b);
 
@@ -170,9 +170,7 @@ __device__ __forceinline__ void wgmma_m64nNk32_f32_e4m3(float (&d)[N / 2], const
 #define SAGE_WG_REGS36 SAGE_WG_REGS32 ", %32, %33, %34, %35"
 #define SAGE_WG_REGS68 SAGE_WG_REGS64 ", %64, %65, %66, %67"
 
-SAGE_WGMMA_F32_E4M3(64, 32, SAGE_WG_OPS32, SAGE_WG_REGS32, "{%32, %33, %34, %35}", "%36", "%37")
 SAGE_WGMMA_F32_E4M3(72, 36, SAGE_WG_OPS36, SAGE_WG_REGS36, "{%36, %37, %38, %39}", "%40", "%41")
-SAGE_WGMMA_F32_E4M3(128, 64, SAGE_WG_OPS64, SAGE_WG_REGS64, "{%64, %65, %66, %67}", "%68", "%69")
 SAGE_WGMMA_F32_E4M3(136, 68, SAGE_WG_OPS68, SAGE_WG_REGS68, "{%68, %69, %70, %71}", "%72", "%73")
 
 #undef SAGE_WGMMA_F32_E4M3

@@ -342,6 +342,7 @@ def test_sass_softmax_overlaps_the_pv_wgmma(sm90_sass, source):
     the next wgmma wait. ptxas is free to move a wait above independent instructions, and does so
     when it can shorten the live range of the 64 P·V accumulator registers: the kernel pins the
     softmax with a shared-memory store of the row sums before the P·V wait."""
+    on_fma = fma_exp2_per_thread(source)
     for name, code in _kernels(sm90_sass, source).items():
         schedule = schedule_of(name)
         waits = [i for i, (_, text) in enumerate(code) if "WARPGROUP.DEPBAR" in text]
@@ -350,7 +351,6 @@ def test_sass_softmax_overlaps_the_pv_wgmma(sm90_sass, source):
             assert not partial, f"{name}: the serial schedule has a partial wgmma wait"
             continue
         assert len(partial) >= 2, f"{name}: expected the loop's and the last step's partial waits"
-        on_fma = fma_exp2_per_thread(source)
         for i in partial:
             end = next(j for j in waits if j > i)
             exp2 = sum("MUFU.EX2" in text for _, text in code[i:end])
