@@ -338,6 +338,30 @@ __device__ __forceinline__ uint32_t xor_all(const float (&x)[kSRegs]) {
   return r ^ __float_as_uint(x[kSRegs - 1]);
 }
 
+// Phase timestamps for bench/trace_sm90.cu, compiled in only with SAGE_SM90_TRACE defined: thread 0 of
+// each consumer warpgroup of the first kTraceCtas CTAs writes clock64() at the events of every step.
+#ifdef SAGE_SM90_TRACE
+constexpr int kTraceCtas = 2, kTraceBlocks = 64, kTraceEvents = 8;
+__device__ long long g_sm90_trace[kTraceCtas][kConsumerWgs][kTraceBlocks][kTraceEvents];
+// Per CTA and consumer warpgroup: clock64 at entry, at the loop, at the end; globaltimer at entry, at the end.
+__device__ long long g_sm90_trace_cta[kTraceCtas][kConsumerWgs][5];
+#define SAGE_TRACE(blk, ev)                                                                              \
+  do {                                                                                                   \
+    if (trace_on && (blk) < kTraceBlocks) g_sm90_trace[blockIdx.x][cw][(blk)][(ev)] = clock64();          \
+  } while (0)
+#define SAGE_TRACE_CTA(ev, value)                                                                        \
+  do {                                                                                                   \
+    if (trace_on) g_sm90_trace_cta[blockIdx.x][cw][(ev)] = (value);                                       \
+  } while (0)
+#else
+#define SAGE_TRACE(blk, ev) \
+  do {                      \
+  } while (0)
+#define SAGE_TRACE_CTA(ev, value) \
+  do {                            \
+  } while (0)
+#endif
+
 template <int D, bool kCausal, typename OutT, Sm90Schedule kSchedule>
 __global__ void __launch_bounds__(kThreads, 1)
     attn_int8_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -413,6 +437,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int warp = t / 32, lane = t % 32;
   const int group = lane / 4, quad = lane % 4;
   const int warp_row0 = m0 + cw * kWgRows + warp * 16;
+#ifdef SAGE_SM90_TRACE
+  const long long trace_entry = clock64();
+  const bool trace_on = t == 0 && blockIdx.x < kTraceCtas && blockIdx.y == 0 && blockIdx.z == 0;
+  SAGE_TRACE_CTA(0, trace_entry);
+  {
+    long long gt;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
+    SAGE_TRACE_CTA(3, gt);
+  }
+#endif
   const int row[2] = {warp_row0 + group, warp_row0 + group + 8};
   const bool row_ok[2] = {row[0] < p.nq, row[1] < p.nq};
   float q_scale[2];
@@ -494,6 +528,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t pa[kPSteps][4];  // P of the block whose P·V is issued next, e4m3
   float alpha[2];           // the output's rescale before that block's P·V is added
   mbar_wait(&bar.q_full, 0);
+  SAGE_TRACE_CTA(1, clock64());
 
   if constexpr (!kOverlap) {
     for (int blk = 0; blk < n_blocks; ++blk) {
@@ -534,9 +569,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     const auto step = [&](int blk, bool masked) {
       const int stage = blk % kStages, next_stage = (blk + 1) % kStages;
       const float k_scale = k_scale_of(blk + 1);  // its latency hides behind the Q·Kᵀ
+      SAGE_TRACE(blk, 0);
       mbar_wait(&bar.k_full[next_stage], ((blk + 1) / kStages) & 1);
       mbar_wait(&bar.v_full[stage], (blk / kStages) & 1);
+      SAGE_TRACE(blk, 1);
       turn_begin();
+      SAGE_TRACE(blk, 2);
       // One fence for both groups: s was read by the last softmax, pa written by the last packing,
       // pv read by the last promotion.
       wgmma_fence();
@@ -545,8 +583,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       issue_pv<D>(pv, pa, desc_v(stage));
       wgmma_commit();
       turn_end(false);
+      SAGE_TRACE(blk, 3);
       wgmma_wait<1>();  // the Q·Kᵀ group (the older one) has completed; P·V of blk may still run
       fence_operands(s);
+      SAGE_TRACE(blk, 4);
       float alpha_next[2];
       softmax(blk + 1, k_scale, s, alpha_next, x, masked);
       // Left alone, ptxas moves the P·V wait above most of the softmax (it ends the P·V accumulator's
@@ -555,12 +595,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       // shared-memory accesses on their side of a wgmma wait (wgmma reads shared memory). One 4-byte
       // store per thread and block, to a slot nothing reads.
       store_shared_u32(anchor, xor_all(x));
+      SAGE_TRACE(blk, 5);
       wgmma_wait<0>();
+      SAGE_TRACE(blk, 6);
       promote(stage, alpha, pv);
       // P is packed only now: pa was being read by the P·V wgmma until the wait. (Packing into a
       // second buffer during the softmax instead makes ptxas serialize every wgmma, C7513: it gives
       // both buffers the same registers.)
       pack_p(x, pa);
+      SAGE_TRACE(blk, 7);
       alpha[0] = alpha_next[0];
       alpha[1] = alpha_next[1];
     };
@@ -611,6 +654,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       p.lse[off] = lse;
     }
   }
+#ifdef SAGE_SM90_TRACE
+  SAGE_TRACE_CTA(2, clock64());
+  long long gt;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
+  SAGE_TRACE_CTA(4, gt);
+#endif
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 

@@ -1,0 +1,161 @@
+// Where the time of the sm_90a attention kernel goes, step by step: builds the kernel with its phase
+// timestamps (SAGE_SM90_TRACE, see csrc/sm90/attn_int8_fp8.cu), runs it on random INT8 Q/K and FP8
+// Vᵀ, and prints per consumer warpgroup the mean cycles of each phase of a steady-state step, the
+// prologue and epilogue of a CTA, the SM clock, and the kernel's TOPS from CUDA events (untraced
+// timing is bench_attention.py's job: the timestamps cost a few instructions per phase).
+//
+//   nvcc -std=c++17 -O3 -arch=sm_90a -Icsrc/include -Icsrc bench/trace_sm90.cu -o /tmp/trace
+//   /tmp/trace [n=4096] [batch=4] [heads=32] [causal=0] [--json FILE]
+#define SAGE_SM90_TRACE 1
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "sm90/attn_int8_fp8.cu"
+
+namespace {
+
+#define CHECK(x)                                                                   \
+  do {                                                                             \
+    cudaError_t e_ = (x);                                                          \
+    if (e_ != cudaSuccess) {                                                       \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                \
+    }                                                                              \
+  } while (0)
+
+__global__ void fill_bytes(uint8_t* p, int64_t n, uint32_t seed, uint32_t mask, uint32_t add) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
+    p[i] = static_cast<uint8_t>((x & mask) + add);
+  }
+}
+
+__global__ void fill_float(float* p, int64_t n, float v) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) p[i] = v;
+}
+
+// Phase names of the events SAGE_TRACE records in a step (event e ends phase e).
+const char* const kPhase[sage::kTraceEvents] = {"loop top -> mbarrier waits", "K/V ready (mbarrier)", "turn (named barrier)",
+                                                "issue Q.K + P.V",            "wait Q.K",             "softmax + anchor",
+                                                "wait P.V",                   "promote + pack"};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace sage;
+  const int n = argc > 1 ? std::atoi(argv[1]) : 4096;
+  const int batch = argc > 2 ? std::atoi(argv[2]) : 4;
+  const int heads = argc > 3 ? std::atoi(argv[3]) : 32;
+  const bool causal = argc > 4 && std::atoi(argv[4]) != 0;
+  const char* json = (argc > 6 && std::strcmp(argv[5], "--json") == 0) ? argv[6] : nullptr;
+  constexpr int D = 128;
+  const int n_pad = (n + 127) / 128 * 128;
+  const int64_t qk_elems = int64_t(batch) * heads * n * D, vt_elems = int64_t(batch) * heads * D * n_pad;
+  int8_t *q, *k;
+  uint8_t* vt;
+  float *qs, *ks, *vs;
+  void* out;
+  CHECK(cudaMalloc(&q, qk_elems));
+  CHECK(cudaMalloc(&k, qk_elems));
+  CHECK(cudaMalloc(&vt, vt_elems));
+  CHECK(cudaMalloc(&qs, sizeof(float) * batch * heads * n));
+  CHECK(cudaMalloc(&ks, sizeof(float) * batch * heads * (n_pad / 128)));
+  CHECK(cudaMalloc(&vs, sizeof(float) * batch * heads * D));
+  CHECK(cudaMalloc(&out, qk_elems * 2));
+  fill_bytes<<<1024, 256>>>(reinterpret_cast<uint8_t*>(q), qk_elems, 1u, 0xffu, 0u);
+  fill_bytes<<<1024, 256>>>(reinterpret_cast<uint8_t*>(k), qk_elems, 2u, 0xffu, 0u);
+  fill_bytes<<<1024, 256>>>(vt, vt_elems, 3u, 0x0fu, 0x30u);  // e4m3 in [0.5, 2): no NaN patterns
+  fill_float<<<256, 256>>>(qs, int64_t(batch) * heads * n, 1e-4f);
+  fill_float<<<256, 256>>>(ks, int64_t(batch) * heads * (n_pad / 128), 1e-3f);
+  fill_float<<<256, 256>>>(vs, int64_t(batch) * heads * D, 1.0f / 448.0f);
+
+  AttnSm90Args a{};
+  a.q = q;
+  a.q_strides = {int64_t(heads) * n * D, int64_t(n) * D, D};
+  a.k = k;
+  a.k_strides = a.q_strides;
+  a.vt = vt;
+  a.vt_strides = {int64_t(heads) * D * n_pad, int64_t(D) * n_pad, n_pad};
+  a.n_pad = n_pad;
+  a.q_scale = qs;
+  a.q_scale_strides = {int64_t(heads) * n, n, 1};
+  a.k_scale = ks;
+  a.k_scale_strides = {int64_t(heads) * (n_pad / 128), n_pad / 128, 1};
+  a.v_scale = vs;
+  a.v_scale_strides = {int64_t(heads) * D, D, 1};
+  a.out = out;
+  a.out_strides = {int64_t(heads) * n * D, int64_t(n) * D, D};
+  a.out_type = HalfType::kBFloat16;
+  a.batch = batch;
+  a.heads_q = a.heads_kv = heads;
+  a.nq = a.nk = n;
+  a.head_dim = a.d_pad = D;
+  a.causal = causal;
+
+  for (int i = 0; i < 3; ++i) CHECK(launch_qk_int8_sv_f8_attn_sm90(a, 0));
+  CHECK(cudaDeviceSynchronize());
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  constexpr int kReps = 20;
+  CHECK(cudaEventRecord(e0));
+  for (int i = 0; i < kReps; ++i) CHECK(launch_qk_int8_sv_f8_attn_sm90(a, 0));
+  CHECK(cudaEventRecord(e1));
+  CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  ms /= kReps;
+  const double flops = 4.0 * batch * heads * double(n) * n * D * (causal ? 0.5 : 1.0);
+
+  std::vector<long long> tr(sizeof(g_sm90_trace) / sizeof(long long)), cta(sizeof(g_sm90_trace_cta) / sizeof(long long));
+  CHECK(cudaMemcpyFromSymbol(tr.data(), g_sm90_trace, sizeof(g_sm90_trace)));
+  CHECK(cudaMemcpyFromSymbol(cta.data(), g_sm90_trace_cta, sizeof(g_sm90_trace_cta)));
+  const auto T = [&](int c, int w, int blk, int ev) {
+    return tr[((c * kConsumerWgs + w) * kTraceBlocks + blk) * kTraceEvents + ev];
+  };
+  const auto C = [&](int c, int w, int ev) { return cta[(c * kConsumerWgs + w) * 5 + ev]; };
+  const double ghz = double(C(0, 0, 2) - C(0, 0, 0)) / double(C(0, 0, 4) - C(0, 0, 3));
+  std::printf("n=%d b=%d h=%d d=%d causal=%d: kernel %.1f us, %.0f TOPS; SM clock %.3f GHz (CTA 0)\n", n, batch,
+              heads, D, causal, ms * 1e3, flops / (ms * 1e-3) / 1e12, ghz);
+  // Causal CTA 0 is the heaviest row block; its step count is that of the full key range.
+  const int n_blocks = (n + 127) / 128;
+  const int steps = n_blocks - 1;  // steps of the overlapped loop, the last one masked
+  const int lo = steps > 8 ? 2 : 0, hi = std::min(steps - 1, kTraceBlocks - 1);  // steady steps [lo, hi)
+  FILE* js = json ? std::fopen(json, "w") : nullptr;
+  if (js) std::fprintf(js, "{\"n\": %d, \"batch\": %d, \"heads\": %d, \"causal\": %d, \"ms\": %.5f, \"ghz\": %.4f, \"ctas\": [", n, batch, heads, causal, ms, ghz);
+  for (int c = 0; c < kTraceCtas; ++c) {
+    for (int w = 0; w < kConsumerWgs; ++w) {
+      std::printf("CTA %d warpgroup %d: entry -> loop %lld, loop -> end %lld cycles; steady steps %d..%d:\n", c, w,
+                  C(c, w, 1) - C(c, w, 0), C(c, w, 2) - C(c, w, 1), lo, hi - 1);
+      double total = 0;
+      if (js) std::fprintf(js, "%s{\"cta\": %d, \"wg\": %d, \"prologue\": %lld, \"body\": %lld, \"phases\": {", (c || w) ? ", " : "", c, w, C(c, w, 1) - C(c, w, 0), C(c, w, 2) - C(c, w, 1));
+      for (int ev = 0; ev < kTraceEvents; ++ev) {
+        double sum = 0;
+        for (int blk = lo; blk < hi; ++blk) {
+          const long long start = ev == 0 ? T(c, w, blk - (blk > 0), kTraceEvents - 1) : T(c, w, blk, ev - 1);
+          sum += blk > 0 || ev > 0 ? double(T(c, w, blk, ev) - start) : 0.0;
+        }
+        const double mean = hi > lo ? sum / (hi - lo) : 0.0;
+        total += mean;
+        std::printf("  %-28s %8.1f\n", kPhase[ev], mean);
+        if (js) std::fprintf(js, "%s\"%s\": %.1f", ev ? ", " : "", kPhase[ev], mean);
+      }
+      std::printf("  %-28s %8.1f cycles per step\n", "total", total);
+      if (js) std::fprintf(js, "}, \"step\": %.1f}", total);
+    }
+    // How far apart the two warpgroups issue: warpgroup 1's issue after warpgroup 0's, per step.
+    double lag = 0;
+    for (int blk = lo; blk < hi; ++blk) lag += double(T(c, 1, blk, 3) - T(c, 0, blk, 3));
+    std::printf("CTA %d: warpgroup 1 issues %.1f cycles after warpgroup 0\n", c, hi > lo ? lag / (hi - lo) : 0.0);
+  }
+  if (js) {
+    std::fprintf(js, "]}\n");
+    std::fclose(js);
+  }
+  return 0;
+}
