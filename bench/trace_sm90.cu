@@ -6,7 +6,11 @@
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90a -Icsrc/include -Icsrc bench/trace_sm90.cu -o /tmp/trace
 //   /tmp/trace [n=4096] [batch=4] [heads=32] [causal=0] [--json FILE]
+// With -DSAGE_SM90_NO_TRACE it times the kernel as built for the wheel (first line only), so kernel
+// variants (-D knobs of attn_int8_fp8.cu) can be compared without building a wheel each.
+#ifndef SAGE_SM90_NO_TRACE
 #define SAGE_SM90_TRACE 1
+#endif
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -39,10 +43,13 @@ __global__ void fill_float(float* p, int64_t n, float v) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) p[i] = v;
 }
 
+#ifdef SAGE_SM90_TRACE
 // Phase names of the events SAGE_TRACE records in a step (event e ends phase e).
 const char* const kPhase[sage::kTraceEvents] = {"loop top -> mbarrier waits", "K/V ready (mbarrier)", "turn (named barrier)",
                                                 "issue Q.K + P.V",            "wait Q.K",             "softmax + anchor",
                                                 "wait P.V",                   "promote + pack"};
+
+#endif
 
 }  // namespace
 
@@ -112,6 +119,7 @@ int main(int argc, char** argv) {
   ms /= kReps;
   const double flops = 4.0 * batch * heads * double(n) * n * D * (causal ? 0.5 : 1.0);
 
+#ifdef SAGE_SM90_TRACE
   std::vector<long long> tr(sizeof(g_sm90_trace) / sizeof(long long)), cta(sizeof(g_sm90_trace_cta) / sizeof(long long));
   CHECK(cudaMemcpyFromSymbol(tr.data(), g_sm90_trace, sizeof(g_sm90_trace)));
   CHECK(cudaMemcpyFromSymbol(cta.data(), g_sm90_trace_cta, sizeof(g_sm90_trace_cta)));
@@ -123,6 +131,12 @@ int main(int argc, char** argv) {
   std::printf("n=%d b=%d h=%d d=%d causal=%d: kernel %.1f us, %.0f TOPS; SM clock %.3f GHz (CTA 0)\n", n, batch,
               heads, D, causal, ms * 1e3, flops / (ms * 1e-3) / 1e12, ghz);
   // Causal CTA 0 is the heaviest row block; its step count is that of the full key range.
+#else
+  std::printf("n=%d b=%d h=%d d=%d causal=%d: kernel %.1f us, %.0f TOPS\n", n, batch, heads, D, causal, ms * 1e3,
+              flops / (ms * 1e-3) / 1e12);
+  return 0;
+#endif
+#ifdef SAGE_SM90_TRACE
   const int n_blocks = (n + 127) / 128;
   const int steps = n_blocks - 1;  // steps of the overlapped loop, the last one masked
   const int lo = steps > 8 ? 2 : 0, hi = std::min(steps - 1, kTraceBlocks - 1);  // steady steps [lo, hi)
@@ -158,4 +172,5 @@ int main(int argc, char** argv) {
     std::fclose(js);
   }
   return 0;
+#endif
 }

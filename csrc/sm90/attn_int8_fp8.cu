@@ -104,7 +104,10 @@ constexpr int kThreads = (1 + kConsumerWgs) * kWgThreads;  // 384
 constexpr int kWgRows = 64;                                // wgmma M: query rows per consumer
 constexpr int kBlockM = kConsumerWgs * kWgRows;            // 128 query rows per CTA
 constexpr int kBlockN = kSm90KeyBlock;                     // 128 keys per step
-constexpr int kStages = 4;                                 // K/Vᵀ ring depth (smem budget above)
+#ifndef SAGE_SM90_STAGES  // a knob for bench/trace_sm90.cu's variant timings
+#define SAGE_SM90_STAGES 4
+#endif
+constexpr int kStages = SAGE_SM90_STAGES;                  // K/Vᵀ ring depth (smem budget above)
 constexpr int kProducerRegs = 24;                          // setmaxnreg targets, see the budget above
 constexpr int kConsumerRegs = 240;
 constexpr int kConsumerWarps = kConsumerWgs * kWgThreads / 32;  // arrivals per empty-barrier phase
@@ -208,7 +211,10 @@ __device__ __forceinline__ float exp2_fma(float t) {
 // 4 * kFmaTiles of a thread's 64 scores per block (8 more instructions each). Measured on an H100,
 // full call, b=4 h=32 d=128, n=4096 / 16384 (bench/NOTES.md): 0 tiles 505 / 710 TOPS, 2 tiles 533 /
 // 742, 4 tiles 526 / 731.
-constexpr int kFmaTiles = 2;
+#ifndef SAGE_SM90_FMA_TILES  // a knob for bench/trace_sm90.cu's variant timings
+#define SAGE_SM90_FMA_TILES 2
+#endif
+constexpr int kFmaTiles = SAGE_SM90_FMA_TILES;
 __device__ __forceinline__ constexpr bool exp2_on_fma(int c) { return c % 8 >= 8 - kFmaTiles / 2; }
 
 __device__ __forceinline__ void store_shared_u32(uint32_t addr, uint32_t a) {
@@ -331,11 +337,24 @@ __device__ __forceinline__ void pack_p(const float (&x)[kSRegs], uint32_t (&pa)[
 
 // One word that depends on every value of x (see the anchor in the kernel's loop): three-input XORs,
 // one LOP3 per two values.
+#ifndef SAGE_SM90_XOR_CHAINS
+#define SAGE_SM90_XOR_CHAINS 1
+#endif
 __device__ __forceinline__ uint32_t xor_all(const float (&x)[kSRegs]) {
-  uint32_t r = __float_as_uint(x[0]);
+  constexpr int kChains = SAGE_SM90_XOR_CHAINS, kLen = kSRegs / kChains;
+  uint32_t r[kChains];
 #pragma unroll
-  for (int j = 1; j + 1 < kSRegs; j += 2) r ^= __float_as_uint(x[j]) ^ __float_as_uint(x[j + 1]);
-  return r ^ __float_as_uint(x[kSRegs - 1]);
+  for (int c = 0; c < kChains; ++c) {
+    const float* y = x + c * kLen;
+    r[c] = __float_as_uint(y[0]);
+#pragma unroll
+    for (int j = 1; j + 1 < kLen; j += 2) r[c] ^= __float_as_uint(y[j]) ^ __float_as_uint(y[j + 1]);
+    if (kLen % 2 == 0) r[c] ^= __float_as_uint(y[kLen - 1]);
+  }
+  uint32_t all = r[0];
+#pragma unroll
+  for (int c = 1; c < kChains; ++c) all ^= r[c];
+  return all;
 }
 
 // Phase timestamps for bench/trace_sm90.cu, compiled in only with SAGE_SM90_TRACE defined: thread 0 of
