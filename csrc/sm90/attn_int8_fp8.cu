@@ -337,6 +337,9 @@ __device__ __forceinline__ void pack_p(const float (&x)[kSRegs], uint32_t (&pa)[
 
 // One word that depends on every value of x (see the anchor in the kernel's loop): three-input XORs,
 // one LOP3 per two values.
+#ifndef SAGE_SM90_PACK_FIRST
+#define SAGE_SM90_PACK_FIRST 0
+#endif
 #ifndef SAGE_SM90_XOR_CHAINS
 #define SAGE_SM90_XOR_CHAINS 1
 #endif
@@ -617,11 +620,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       SAGE_TRACE(blk, 5);
       wgmma_wait<0>();
       SAGE_TRACE(blk, 6);
+#if SAGE_SM90_PACK_FIRST
+      pack_p(x, pa);
+      promote(stage, alpha, pv);
+#else
       promote(stage, alpha, pv);
       // P is packed only now: pa was being read by the P·V wgmma until the wait. (Packing into a
       // second buffer during the softmax instead makes ptxas serialize every wgmma, C7513: it gives
       // both buffers the same registers.)
       pack_p(x, pa);
+#endif
       SAGE_TRACE(blk, 7);
       alpha[0] = alpha_next[0];
       alpha[1] = alpha_next[1];
