@@ -139,7 +139,7 @@ struct Smem {
   static constexpr int kV = kK + kStages * kKBytes;
   static constexpr int kBar = kV + kStages * kVBytes;
   static constexpr int kAnchor = kBar + 128;  // 4 bytes per consumer thread, written, never read
-  static constexpr int kBytes = kAnchor + kConsumerWgs * kWgThreads * 4;
+  static constexpr int kBytes = kAnchor + kConsumerWgs * kWgThreads * 8;
   static constexpr int kAlloc = kBytes + kAtom;  // the dynamic base is only 16-byte aligned
   static_assert(kQBytes % kAtom == 0 && kKBytes % kAtom == 0 && kVBytes % kAtom == 0, "tiles keep atom alignment");
   static_assert(kAlloc <= 227 * 1024, "above the sm_90 shared-memory limit per CTA");
@@ -220,6 +220,11 @@ __device__ __forceinline__ constexpr bool exp2_on_fma(int c) { return c % 8 >= 8
 __device__ __forceinline__ void store_shared_u32(uint32_t addr, uint32_t a) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(a) : "memory");
 }
+__device__ __forceinline__ float load_shared_f32(uint32_t addr) {
+  float a;
+  asm volatile("ld.volatile.shared.f32 %0, [%1];\n" : "=f"(a) : "r"(addr) : "memory");
+  return a;
+}
 
 __device__ __forceinline__ float max2(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ int32_t max2(int32_t a, int32_t b) { return max(a, b); }
@@ -272,17 +277,19 @@ __device__ __forceinline__ void issue_pv(float (&pv)[(D + kSumRows) / 2], const 
 // 8c + (e & 1) <= limit[i] (limit = last visible key - n0 - 2 quad). Out: x = 448 P in the
 // accumulator layout, alpha[i] = exp2(old max - new max) for the output and the row sum; m_run
 // updated. (The row sum comes from the P·V wgmma, see issue_pv.)
+// Rows row_begin .. row_end - 1 of the two (constants at every call site).
 template <bool kMask>
 __device__ __forceinline__ void softmax_block(const int32_t (&s)[kSRegs], const float (&scale)[2],
                                               const int (&limit)[2], float (&m_run)[2], float (&alpha)[2],
-                                              float (&x)[kSRegs]) {
+                                              float (&x)[kSRegs], int row_begin, int row_end) {
 #pragma unroll
   for (int j = 0; j < kSRegs; ++j) {
+    if ((j / 2) % 2 < row_begin || (j / 2) % 2 >= row_end) continue;
     x[j] = static_cast<float>(s[j]);  // exact: |s| <= 2^21
     if (kMask && 8 * (j / 4) + (j & 1) > limit[(j / 2) % 2]) x[j] = neg_inf();
   }
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
+  for (int i = row_begin; i < row_end; ++i) {
     // Row max over the raw products. Unmasked, over the INT32 scores themselves (the conversion is
     // exact and monotonic, so it is the same value): it need not wait for the conversions, and ptxas
     // fuses the integer maxima into 3-input VIMNMX3 (38 instructions instead of 68 FMNMX; measured
@@ -337,6 +344,18 @@ __device__ __forceinline__ void pack_p(const float (&x)[kSRegs], uint32_t (&pa)[
 
 // One word that depends on every value of x (see the anchor in the kernel's loop): three-input XORs,
 // one LOP3 per two values.
+// One word that depends on every value of row i of x (same purpose), in 4 chains.
+__device__ __forceinline__ uint32_t xor_row(const float (&x)[kSRegs], int i) {
+  uint32_t r[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int c = 0; c < kSTiles; ++c) {
+    r[c % 4] ^= __float_as_uint(x[4 * c + 2 * i]) ^ __float_as_uint(x[4 * c + 2 * i + 1]);
+  }
+  return (r[0] ^ r[1]) ^ (r[2] ^ r[3]);
+}
+#ifndef SAGE_SM90_SPLIT_ROWS
+#define SAGE_SM90_SPLIT_ROWS 0
+#endif
 #ifndef SAGE_SM90_PACK_FIRST
 #define SAGE_SM90_PACK_FIRST 0
 #endif
@@ -503,17 +522,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   // variant (correct for any block), the others skip its compares and selects. `masked` is a
   // constant at every call site of the overlapped schedules, so the branch folds away there.
   const auto softmax = [&](int blk, float k_scale, const int32_t(&s)[kSRegs], float(&alpha)[2],
-                           float(&x)[kSRegs], bool masked) {
+                           float(&x)[kSRegs], bool masked, int row_begin = 0, int row_end = 2) {
     const float scale[2] = {q_scale[0] * k_scale, q_scale[1] * k_scale};  // the product first, as sage_ref
     if (masked) {
       const int n0 = blk * kBlockN;
       int limit[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) limit[i] = (kCausal ? min(p.nk - 1, row[i]) : p.nk - 1) - n0 - 2 * quad;
-      softmax_block<true>(s, scale, limit, m_run, alpha, x);
+      softmax_block<true>(s, scale, limit, m_run, alpha, x, row_begin, row_end);
     } else {
       const int limit[2] = {0, 0};  // unused
-      softmax_block<false>(s, scale, limit, m_run, alpha, x);
+      softmax_block<false>(s, scale, limit, m_run, alpha, x, row_begin, row_end);
     }
   };
   // O = O * alpha + O_blk and l = l * alpha + the block's row sums (the pv columns past D, see
@@ -610,6 +629,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_operands(s);
       SAGE_TRACE(blk, 4);
       float alpha_next[2];
+#if SAGE_SM90_SPLIT_ROWS
+      softmax(blk + 1, k_scale, s, alpha_next, x, masked, 0, 1);
+      store_shared_u32(anchor, xor_row(x, 0));
+      store_shared_u32(anchor + kConsumerWgs * kWgThreads * 4, __float_as_uint(m_run[1]));
+      wgmma_wait<0>();
+      m_run[1] = load_shared_f32(anchor + kConsumerWgs * kWgThreads * 4);
+      promote(stage, alpha, pv);
+      softmax(blk + 1, k_scale, s, alpha_next, x, masked, 1, 2);
+      pack_p(x, pa);
+#else
       softmax(blk + 1, k_scale, s, alpha_next, x, masked);
       // Left alone, ptxas moves the P·V wait above most of the softmax (it ends the P·V accumulator's
       // registers sooner), and the softmax no longer overlaps the P·V. A shared-memory store of a
@@ -629,6 +658,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // second buffer during the softmax instead makes ptxas serialize every wgmma, C7513: it gives
       // both buffers the same registers.)
       pack_p(x, pa);
+#endif
 #endif
       SAGE_TRACE(blk, 7);
       alpha[0] = alpha_next[0];
