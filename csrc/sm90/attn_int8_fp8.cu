@@ -215,7 +215,12 @@ __device__ __forceinline__ float exp2_fma(float t) {
 #define SAGE_SM90_FMA_TILES 2
 #endif
 constexpr int kFmaTiles = SAGE_SM90_FMA_TILES;
-__device__ __forceinline__ constexpr bool exp2_on_fma(int c) { return c % 8 >= 8 - kFmaTiles / 2; }
+#ifndef SAGE_SM90_FMA_TILES_ROW1
+#define SAGE_SM90_FMA_TILES_ROW1 SAGE_SM90_FMA_TILES
+#endif
+__device__ __forceinline__ constexpr bool exp2_on_fma(int c, int i = 0) {
+  return c % 8 >= 8 - (i == 0 ? kFmaTiles : SAGE_SM90_FMA_TILES_ROW1) / 2;
+}
 
 __device__ __forceinline__ void store_shared_u32(uint32_t addr, uint32_t a) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(a) : "memory");
@@ -314,7 +319,7 @@ __device__ __forceinline__ void softmax_block(const int32_t (&s)[kSRegs], const 
 #pragma unroll
       for (int e = 2 * i; e < 2 * i + 2; ++e) {
         const int j = 4 * c + e;
-        if (!kMask && exp2_on_fma(c)) {
+        if (!kMask && exp2_on_fma(c, i)) {
           x[j] = exp2_fma(fma_sat(x[j], t_mul, t_add));  // 448 P
         } else {
           float arg = fmaf(x[j], scale[i], shift);
