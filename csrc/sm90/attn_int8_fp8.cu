@@ -23,9 +23,10 @@
 // MUFU lanes, plus ~6 other instructions per score. Done one after the other (kSerial) the
 // tensor cores idle at least half of the time; the schedules (attn.h, Sm90Schedule) overlap them:
 //   kOverlap (per consumer warpgroup, block j): issue Q·Kᵀ of block j+1 and P·V of block j
-//     (P_j from registers), wait for the Q·Kᵀ only (wgmma.wait_group 1), run the softmax of j+1
-//     while P·V of j is still on the tensor cores, then wait for it, promote it into O and pack
-//     P_j+1 (P_j's registers are read by the wgmma until that wait).
+//     (P_j from registers), wait for the Q·Kᵀ only (wgmma.wait_group 1), run the softmax of j+1's
+//     first row while P·V of j is still on the tensor cores, then wait for it, promote it into O
+//     while the second row's softmax runs, and pack P_j+1 (P_j's registers are read by the wgmma
+//     until that wait).
 //   kPingPong: kOverlap, and the two consumer warpgroups issue their MMAs in turns (two named
 //     barriers), so one warpgroup's softmax runs while the other's MMAs occupy the tensor cores
 //     instead of both competing for the MUFU and the tensor cores at the same moments.
@@ -37,15 +38,14 @@
 // Two ptxas behaviours shape the code (tests/unit/test_cuda_compile_sm90.py checks both in SASS):
 // packing P_j+1 into a second buffer during the softmax (then copying it) makes ptxas serialize
 // every wgmma (C7513), hence the packing after the wait; and ptxas hoists the P·V wait above the
-// softmax unless something pins the softmax before it (a shared-memory store, see the loop).
+// softmax unless something pins the softmax around it (shared-memory round trips, see the loop).
 //
 // Softmax cost per score (non-masked blocks): I2FP (int32 -> f32, exact below 2^24: |dot| <=
 // 128 x 128^2 = 2^21), 0.6 VIMNMX3 for the row max (over the INT32 scores), one FFMA
-// x * (q_scale k_scale) + (log2(448) - m), MUFU.EX2 (ex2.approx.ftz; for 1/8 of the scores a
-// polynomial on the FMA pipe instead, exp2_fma), half an F2FP pack to e4m3, half a LOP3 for the
-// anchor (see the loop), plus one FFMA per output element for the promotion; the row sum costs
-// nothing here (tensor cores). 565 SASS instructions per thread and block at D = 128 (the
-// sequential version before this one: 796, 925 causal, with a multiply for the scale, a subtract,
+// x * (q_scale k_scale) + (log2(448) - m), MUFU.EX2 (ex2.approx.ftz), half an F2FP pack to e4m3,
+// a quarter LOP3 for the anchor (see the loop), plus one FFMA per output element for the
+// promotion; the row sum costs nothing here (tensor cores). 474 SASS instructions per thread and
+// block at D = 128 (the sequential version before this one: 796, 925 causal, with a multiply for the scale, a subtract,
 // a multiply by 448 and the mask's compare and select on every score of every block). Folding the
 // 448 of the FP8 range into the exponent makes exp2 return 448 P directly; the row sum is then
 // 448 l, and the end divides by it (the reference divides by l * 448). The extra rounding (one FFMA
@@ -64,8 +64,8 @@
 //   Q  128 rows x D                    16384 (D = 128) /  8192 (D = 64)
 //   K  kStages x 128 keys x D          65536           / 32768
 //   Vᵀ kStages x (D + 8) rows x 128 keys 69632        / 36864 (the 8 rows of ones written once)
-//   barriers 13 x 8 in 128, the softmax anchor 256 x 4 (see the loop), alignment slack 1024:
-//   total 153728 / 80000, below the 227 KiB limit.
+//   barriers 13 x 8 in 128, the softmax anchors 2 x 256 x 4 (see the loop), alignment slack 1024:
+//   total 154752 / 81024, below the 227 KiB limit.
 // Rows are D bytes: D = 128 uses the 128-byte swizzle, D = 64 the 64-byte one (a TMA box row may
 // not exceed the swizzle span). Vᵀ rows are 128 keys = 128 bytes: 128-byte swizzle for both D.
 //
@@ -104,13 +104,11 @@ constexpr int kThreads = (1 + kConsumerWgs) * kWgThreads;  // 384
 constexpr int kWgRows = 64;                                // wgmma M: query rows per consumer
 constexpr int kBlockM = kConsumerWgs * kWgRows;            // 128 query rows per CTA
 constexpr int kBlockN = kSm90KeyBlock;                     // 128 keys per step
-#ifndef SAGE_SM90_STAGES  // a knob for bench/trace_sm90.cu's variant timings
-#define SAGE_SM90_STAGES 4
-#endif
-constexpr int kStages = SAGE_SM90_STAGES;                  // K/Vᵀ ring depth (smem budget above)
+constexpr int kStages = 4;                                 // K/Vᵀ ring depth (smem budget above)
 constexpr int kProducerRegs = 24;                          // setmaxnreg targets, see the budget above
 constexpr int kConsumerRegs = 240;
 constexpr int kConsumerWarps = kConsumerWgs * kWgThreads / 32;  // arrivals per empty-barrier phase
+constexpr int kAnchorSlots = kConsumerWgs * kWgThreads;          // one per consumer thread
 constexpr int kWgmmaK = 32;                                // bytes of K per 8-bit wgmma
 constexpr int kSTiles = kBlockN / 8;                       // 16 n8 column tiles of the score accumulator
 constexpr int kSRegs = kBlockN / 2;                        // 64 score registers per thread
@@ -138,8 +136,8 @@ struct Smem {
   static constexpr int kK = kQ + kQBytes;
   static constexpr int kV = kK + kStages * kKBytes;
   static constexpr int kBar = kV + kStages * kVBytes;
-  static constexpr int kAnchor = kBar + 128;  // 4 bytes per consumer thread, written, never read
-  static constexpr int kBytes = kAnchor + kConsumerWgs * kWgThreads * 8;
+  static constexpr int kAnchor = kBar + 128;  // two 4-byte slots per consumer thread (see the loop)
+  static constexpr int kBytes = kAnchor + 2 * kAnchorSlots * 4;
   static constexpr int kAlloc = kBytes + kAtom;  // the dynamic base is only 16-byte aligned
   static_assert(kQBytes % kAtom == 0 && kKBytes % kAtom == 0 && kVBytes % kAtom == 0, "tiles keep atom alignment");
   static_assert(kAlloc <= 227 * 1024, "above the sm_90 shared-memory limit per CTA");
@@ -177,49 +175,6 @@ __device__ __forceinline__ float ex2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
-}
-
-// exp2 on the FMA pipe, for a share of the scores: MUFU.EX2 runs at 16 results per clock and SM,
-// as many as the tensor cores need 8-bit MMA cycles for at D = 128, so the softmax's exp2 alone keep
-// the MUFU busy as long as the MMAs keep the tensor cores busy; moving some of them to the FMA pipe
-// (8 instructions instead of 1, issue slots the softmax has to spare) shortens that phase.
-// In: t = (arg - log2 448) / 128 + 1 saturated to [0, 1], i.e. arg = 448-scaled exponent clamped to
-// [log2 448 - 128, log2 448] (below, 2^arg < 2^-119 rounds to 0 in e4m3 and is nothing in the row sum
-// of at least 448). arg = j + f with j = round(arg) (the 1.5 * 2^23 rounding trick), |f| <= 1/2;
-// 2^f by a degree-3 polynomial (relative error 7.5e-5, fit to 2^f on [-1/2, 1/2] in relative error;
-// e4m3 keeps 3 mantissa bits, a relative step of 6e-2), and 2^j added to its exponent field: the low
-// bits of r = 1.5 * 2^23 + j hold j in two's complement, and r << 23 keeps just j << 23.
-constexpr float kExp2FmaSpan = 128.0f;
-// a * b + c clamped to [0, 1], one FFMA.SAT.
-__device__ __forceinline__ float fma_sat(float a, float b, float c) {
-  float y;
-  asm("fma.rn.ftz.sat.f32 %0, %1, %2, %3;\n" : "=f"(y) : "f"(a), "f"(b), "f"(c));
-  return y;
-}
-__device__ __forceinline__ float exp2_fma(float t) {
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
-  const float arg = fmaf(t, kExp2FmaSpan, kLog2Fp8Max - kExp2FmaSpan);
-  const float r = __fadd_rn(arg, kRound);
-  const float f = __fsub_rn(arg, __fsub_rn(r, kRound));
-  float p = fmaf(0.05517144f, f, 0.24261081f);
-  p = fmaf(p, f, 0.69326097f);
-  p = fmaf(p, f, 0.9999281f);
-  return __uint_as_float(__float_as_uint(p) + (__float_as_uint(r) << 23));
-}
-
-// Column tiles (of 16) per row whose exp2 run on the FMA pipe: the last kFmaTiles / 2 of each 8, so
-// 4 * kFmaTiles of a thread's 64 scores per block (8 more instructions each). Measured on an H100,
-// full call, b=4 h=32 d=128, n=4096 / 16384 (bench/NOTES.md): 0 tiles 505 / 710 TOPS, 2 tiles 533 /
-// 742, 4 tiles 526 / 731.
-#ifndef SAGE_SM90_FMA_TILES  // a knob for bench/trace_sm90.cu's variant timings
-#define SAGE_SM90_FMA_TILES 2
-#endif
-constexpr int kFmaTiles = SAGE_SM90_FMA_TILES;
-#ifndef SAGE_SM90_FMA_TILES_ROW1
-#define SAGE_SM90_FMA_TILES_ROW1 SAGE_SM90_FMA_TILES
-#endif
-__device__ __forceinline__ constexpr bool exp2_on_fma(int c, int i = 0) {
-  return c % 8 >= 8 - (i == 0 ? kFmaTiles : SAGE_SM90_FMA_TILES_ROW1) / 2;
 }
 
 __device__ __forceinline__ void store_shared_u32(uint32_t addr, uint32_t a) {
@@ -312,22 +267,16 @@ __device__ __forceinline__ void softmax_block(const int32_t (&s)[kSRegs], const 
     alpha[i] = ex2_approx(m_run[i] - m_safe);
     m_run[i] = m_new;
     const float shift = kLog2Fp8Max - m_safe;
-    // The FMA-pipe exp2 of the column tiles that take it (see exp2_fma): t = (arg - log2 448) / 128 + 1.
-    const float t_mul = scale[i] * (1.0f / kExp2FmaSpan), t_add = fmaf(-m_safe, 1.0f / kExp2FmaSpan, 1.0f);
 #pragma unroll
     for (int c = 0; c < kSTiles; ++c) {
 #pragma unroll
       for (int e = 2 * i; e < 2 * i + 2; ++e) {
         const int j = 4 * c + e;
-        if (!kMask && exp2_on_fma(c, i)) {
-          x[j] = exp2_fma(fma_sat(x[j], t_mul, t_add));  // 448 P
-        } else {
-          float arg = fmaf(x[j], scale[i], shift);
-          // Masked again after the FFMA: -inf * scale is NaN when the scale is 0 (an all-zero row of
-          // Q or block of K), and such a key must still get P = 0.
-          if (kMask && 8 * c + (e & 1) > limit[i]) arg = neg_inf();
-          x[j] = ex2_approx(arg);  // 448 P
-        }
+        float arg = fmaf(x[j], scale[i], shift);
+        // Masked again after the FFMA: -inf * scale is NaN when the scale is 0 (an all-zero row of
+        // Q or block of K), and such a key must still get P = 0.
+        if (kMask && 8 * c + (e & 1) > limit[i]) arg = neg_inf();
+        x[j] = ex2_approx(arg);  // 448 P
       }
     }
   }
@@ -347,9 +296,9 @@ __device__ __forceinline__ void pack_p(const float (&x)[kSRegs], uint32_t (&pa)[
   }
 }
 
-// One word that depends on every value of x (see the anchor in the kernel's loop): three-input XORs,
-// one LOP3 per two values.
-// One word that depends on every value of row i of x (same purpose), in 4 chains.
+// One word that depends on every value of row i of x (the anchor in the kernel's loop): three-input
+// XORs in four independent chains, so the word is ready soon after the row's last exp2 (one chain
+// of 32 measured 3% slower in the whole kernel).
 __device__ __forceinline__ uint32_t xor_row(const float (&x)[kSRegs], int i) {
   uint32_t r[4] = {0, 0, 0, 0};
 #pragma unroll
@@ -357,31 +306,6 @@ __device__ __forceinline__ uint32_t xor_row(const float (&x)[kSRegs], int i) {
     r[c % 4] ^= __float_as_uint(x[4 * c + 2 * i]) ^ __float_as_uint(x[4 * c + 2 * i + 1]);
   }
   return (r[0] ^ r[1]) ^ (r[2] ^ r[3]);
-}
-#ifndef SAGE_SM90_SPLIT_ROWS
-#define SAGE_SM90_SPLIT_ROWS 0
-#endif
-#ifndef SAGE_SM90_PACK_FIRST
-#define SAGE_SM90_PACK_FIRST 0
-#endif
-#ifndef SAGE_SM90_XOR_CHAINS
-#define SAGE_SM90_XOR_CHAINS 1
-#endif
-__device__ __forceinline__ uint32_t xor_all(const float (&x)[kSRegs]) {
-  constexpr int kChains = SAGE_SM90_XOR_CHAINS, kLen = kSRegs / kChains;
-  uint32_t r[kChains];
-#pragma unroll
-  for (int c = 0; c < kChains; ++c) {
-    const float* y = x + c * kLen;
-    r[c] = __float_as_uint(y[0]);
-#pragma unroll
-    for (int j = 1; j + 1 < kLen; j += 2) r[c] ^= __float_as_uint(y[j]) ^ __float_as_uint(y[j + 1]);
-    if (kLen % 2 == 0) r[c] ^= __float_as_uint(y[kLen - 1]);
-  }
-  uint32_t all = r[0];
-#pragma unroll
-  for (int c = 1; c < kChains; ++c) all ^= r[c];
-  return all;
 }
 
 // Phase timestamps for bench/trace_sm90.cu, compiled in only with SAGE_SM90_TRACE defined: thread 0 of
@@ -634,37 +558,27 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_operands(s);
       SAGE_TRACE(blk, 4);
       float alpha_next[2];
-#if SAGE_SM90_SPLIT_ROWS
+      // The softmax of row 0 runs before the P·V wait, that of row 1 after it, among the promotion's
+      // FFMAs: row 0's exp2 keep the MUFU busy while the P·V runs, and the promotion no longer
+      // follows the whole softmax (measured 6.5% faster than the whole softmax before the wait).
+      // ptxas keeps shared-memory accesses on their side of a wgmma wait (wgmma reads shared memory),
+      // and nothing else: left alone it moves the wait above the softmax (to end the P·V accumulator's
+      // registers sooner) and every exp2 below it. Two shared-memory round trips pin the halves:
+      // before the wait, a store of a word that depends on every exp2 of row 0 (to a slot nothing
+      // reads); after it, row 1's running max is read back from a slot it was stored to before.
       softmax(blk + 1, k_scale, s, alpha_next, x, masked, 0, 1);
       store_shared_u32(anchor, xor_row(x, 0));
-      store_shared_u32(anchor + kConsumerWgs * kWgThreads * 4, __float_as_uint(m_run[1]));
-      wgmma_wait<0>();
-      m_run[1] = load_shared_f32(anchor + kConsumerWgs * kWgThreads * 4);
-      promote(stage, alpha, pv);
-      softmax(blk + 1, k_scale, s, alpha_next, x, masked, 1, 2);
-      pack_p(x, pa);
-#else
-      softmax(blk + 1, k_scale, s, alpha_next, x, masked);
-      // Left alone, ptxas moves the P·V wait above most of the softmax (it ends the P·V accumulator's
-      // registers sooner), and the softmax no longer overlaps the P·V. A shared-memory store of a
-      // word that depends on every exp2 of the block pins the softmax before the wait: ptxas keeps
-      // shared-memory accesses on their side of a wgmma wait (wgmma reads shared memory). One 4-byte
-      // store per thread and block, to a slot nothing reads.
-      store_shared_u32(anchor, xor_all(x));
+      store_shared_u32(anchor + kAnchorSlots * 4, __float_as_uint(m_run[1]));
       SAGE_TRACE(blk, 5);
       wgmma_wait<0>();
+      m_run[1] = load_shared_f32(anchor + kAnchorSlots * 4);
       SAGE_TRACE(blk, 6);
-#if SAGE_SM90_PACK_FIRST
-      pack_p(x, pa);
       promote(stage, alpha, pv);
-#else
-      promote(stage, alpha, pv);
+      softmax(blk + 1, k_scale, s, alpha_next, x, masked, 1, 2);
       // P is packed only now: pa was being read by the P·V wgmma until the wait. (Packing into a
       // second buffer during the softmax instead makes ptxas serialize every wgmma, C7513: it gives
       // both buffers the same registers.)
       pack_p(x, pa);
-#endif
-#endif
       SAGE_TRACE(blk, 7);
       alpha[0] = alpha_next[0];
       alpha[1] = alpha_next[1];

@@ -1,8 +1,8 @@
 """Helpers of the GPU tests, handed out as fixtures:
 
-* ``mma``: the helpers of the mma.sync kernel tests (test_cuda_sm80.py, test_cuda_sm89.py), also used
-  elsewhere: input makers, the DESIGN.md protocol inputs, and checks whose failure messages say
-  where the error sits in the kernels' tiling (128-row CTAs of 8 warps x 16 rows, in the sm_90a
+* ``mma``: the helpers of the compiled kernel tests (test_cuda_kernels.py), also used elsewhere:
+  input makers, the DESIGN.md protocol inputs, and checks whose failure messages say where the
+  error sits in the kernels' tiling (128-row CTAs of 8 warps x 16 rows, in the sm_90a
   kernel two consumer warpgroups of 4 warps; a thread's output channels are 2 * (lane % 4) + {0, 1}
   of each 8), which usually tells a mask, a fragment layout, a key permutation or an unwritten tile
   apart.
@@ -287,11 +287,15 @@ _BACKENDS_BY_NAME = {b.name: b for b in SAGE_BACKENDS}
 def sage_backend(request) -> SageBackend:
     """Each quantized entry point in turn (a SageBackend): sageattn, the Triton FP16 and FP8 P·V
     variants and the compiled sm80, sm89 and sm90 kernels; skipped where it cannot run (arch, not
-    built, no Triton)."""
-    why = request.param.skip_reason()
+    built, no Triton). A test narrows the set by name:
+    ``@pytest.mark.parametrize("sage_backend", ["cuda_sm80", ...], indirect=True)``."""
+    backend = request.param
+    if not isinstance(backend, SageBackend):
+        backend = _BACKENDS_BY_NAME[backend]
+    why = backend.skip_reason()
     if why:
         pytest.skip(why)
-    return request.param
+    return backend
 
 
 # --------------------------------------------------------------------------------------------------
