@@ -68,6 +68,23 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// Whether the phase of parity `parity` has completed, without waiting: lets a thread ask early and
+// wait (mbar_wait) only if the answer was no, keeping the query's latency off its critical path.
+__device__ __forceinline__ bool mbar_test(uint64_t* bar, uint32_t parity) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(addr), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
 // Named barriers: 16 per CTA, id 0 is __syncthreads'. A phase completes when `count` threads (a
 // multiple of 32, counted by whole warps) have reached it with either call: bar.sync blocks until
 // then, bar.arrive does not. Two warpgroups take turns with a pair of them (one waits on its own id,

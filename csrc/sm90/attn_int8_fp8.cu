@@ -535,13 +535,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       softmax(0, k_scale, s, alpha, x, n_blocks == 1);
       pack_p(x, pa);
     }
+#ifndef SAGE_SM90_EARLY_TEST
+#define SAGE_SM90_EARLY_TEST 0
+#endif
+    bool tiles_ready = false;
     // Steady state, entered with P and alpha of block blk: P·V of blk, Q·Kᵀ and softmax of blk + 1.
     const auto step = [&](int blk, bool masked) {
       const int stage = blk % kStages, next_stage = (blk + 1) % kStages;
       const float k_scale = k_scale_of(blk + 1);  // its latency hides behind the Q·Kᵀ
       SAGE_TRACE(blk, 0);
+#if SAGE_SM90_EARLY_TEST
+      if (!tiles_ready) {
+        mbar_wait(&bar.k_full[next_stage], ((blk + 1) / kStages) & 1);
+        mbar_wait(&bar.v_full[stage], (blk / kStages) & 1);
+      }
+#else
       mbar_wait(&bar.k_full[next_stage], ((blk + 1) / kStages) & 1);
       mbar_wait(&bar.v_full[stage], (blk / kStages) & 1);
+#endif
       SAGE_TRACE(blk, 1);
       turn_begin();
       SAGE_TRACE(blk, 2);
@@ -572,6 +583,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       SAGE_TRACE(blk, 5);
       wgmma_wait<0>();
       m_run[1] = load_shared_f32(anchor + kAnchorSlots * 4);
+#if SAGE_SM90_EARLY_TEST
+      tiles_ready = mbar_test(&bar.k_full[(blk + 2) % kStages], ((blk + 2) / kStages) & 1) &
+                    mbar_test(&bar.v_full[next_stage], ((blk + 1) / kStages) & 1);
+#endif
       SAGE_TRACE(blk, 6);
       promote(stage, alpha, pv);
       softmax(blk + 1, k_scale, s, alpha_next, x, masked, 1, 2);
