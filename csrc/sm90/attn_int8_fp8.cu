@@ -44,7 +44,7 @@
 // 128 x 128^2 = 2^21), 0.6 VIMNMX3 for the row max (over the INT32 scores), one FFMA
 // x * (q_scale k_scale) + (log2(448) - m), MUFU.EX2 (ex2.approx.ftz), half an F2FP pack to e4m3,
 // a quarter LOP3 for the anchor (see the loop), plus one FFMA per output element for the
-// promotion; the row sum costs nothing here (tensor cores). 474 SASS instructions per thread and
+// promotion; the row sum costs nothing here (tensor cores). 493 SASS instructions per thread and
 // block at D = 128 (the sequential version before this one: 796, 925 causal, with a multiply for the scale, a subtract,
 // a multiply by 448 and the mask's compare and select on every score of every block). Folding the
 // 448 of the FP8 range into the exponent makes exp2 return 448 P directly; the row sum is then
@@ -535,24 +535,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       softmax(0, k_scale, s, alpha, x, n_blocks == 1);
       pack_p(x, pa);
     }
-#ifndef SAGE_SM90_EARLY_TEST
-#define SAGE_SM90_EARLY_TEST 0
-#endif
-    bool tiles_ready = false;
+    bool tiles_ready = false;  // the next step's K and Vᵀ tiles are known to be in (see the step)
     // Steady state, entered with P and alpha of block blk: P·V of blk, Q·Kᵀ and softmax of blk + 1.
     const auto step = [&](int blk, bool masked) {
       const int stage = blk % kStages, next_stage = (blk + 1) % kStages;
       const float k_scale = k_scale_of(blk + 1);  // its latency hides behind the Q·Kᵀ
       SAGE_TRACE(blk, 0);
-#if SAGE_SM90_EARLY_TEST
       if (!tiles_ready) {
         mbar_wait(&bar.k_full[next_stage], ((blk + 1) / kStages) & 1);
         mbar_wait(&bar.v_full[stage], (blk / kStages) & 1);
       }
-#else
-      mbar_wait(&bar.k_full[next_stage], ((blk + 1) / kStages) & 1);
-      mbar_wait(&bar.v_full[stage], (blk / kStages) & 1);
-#endif
       SAGE_TRACE(blk, 1);
       turn_begin();
       SAGE_TRACE(blk, 2);
@@ -583,10 +575,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       SAGE_TRACE(blk, 5);
       wgmma_wait<0>();
       m_run[1] = load_shared_f32(anchor + kAnchorSlots * 4);
-#if SAGE_SM90_EARLY_TEST
+      // Whether the next step's K and Vᵀ tiles have landed, asked now: at the next step's top the
+      // answer is in, and its waits run only when it was no (a try_wait there, whose latency sat
+      // on every step's path, cost 1.5-2%).
       tiles_ready = mbar_test(&bar.k_full[(blk + 2) % kStages], ((blk + 2) / kStages) & 1) &
                     mbar_test(&bar.v_full[next_stage], ((blk + 1) / kStages) & 1);
-#endif
       SAGE_TRACE(blk, 6);
       promote(stage, alpha, pv);
       softmax(blk + 1, k_scale, s, alpha_next, x, masked, 1, 2);
