@@ -7,7 +7,8 @@
 //   nvcc -std=c++17 -O3 -arch=sm_90a -Icsrc/include -Icsrc bench/trace_sm90.cu -o /tmp/trace
 //   /tmp/trace [n=4096] [batch=4] [heads=32] [causal=0] [--json FILE]
 // With -DSAGE_SM90_NO_TRACE it times the kernel as built for the wheel (first line only), so kernel
-// variants (-D knobs of attn_int8_fp8.cu) can be compared without building a wheel each.
+// variants (an experiment's #ifndef knobs in attn_int8_fp8.cu, set with -D) can be compared without
+// building a wheel each (bench/variants_sm90.sh).
 #ifndef SAGE_SM90_NO_TRACE
 #define SAGE_SM90_TRACE 1
 #endif
@@ -45,9 +46,9 @@ __global__ void fill_float(float* p, int64_t n, float v) {
 
 #ifdef SAGE_SM90_TRACE
 // Phase names of the events SAGE_TRACE records in a step (event e ends phase e).
-const char* const kPhase[sage::kTraceEvents] = {"loop top -> mbarrier waits", "K/V ready (mbarrier)", "turn (named barrier)",
-                                                "issue Q.K + P.V",            "wait Q.K",             "softmax + anchor",
-                                                "wait P.V",                   "promote + pack"};
+const char* const kPhase[sage::kTraceEvents] = {
+    "loop top -> mbarrier waits", "K/V ready (mbarrier)", "turn (named barrier)", "issue Q.K + P.V", "wait Q.K",
+    "softmax row 0 + anchors",    "wait P.V",             "promote, row 1, pack"};
 
 #endif
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Kernel-only timings of sm_90a kernel variants: each "name:-DKNOB=value ..." argument builds
 # bench/trace_sm90.cu untraced with those knobs (in parallel), then every variant runs every shape,
-# in two alternating passes. Usage: bash bench/variants_sm90.sh OUTFILE "base:" "fma4:-DSAGE_SM90_FMA_TILES=4" ...
+# in two alternating passes. A knob is an #ifndef / #define an experiment adds to
+# csrc/sm90/attn_int8_fp8.cu (the kernel keeps none once the winner is in).
+# Usage: bash bench/variants_sm90.sh OUTFILE "base:" "try:-DSOME_KNOB=1" ...
 # Shapes: $SHAPES (default "4096 4 32 0;16384 4 32 0;4608 1 24 0;16384 4 32 1", n batch heads causal).
 set -uo pipefail
 out=$1; shift

@@ -45,8 +45,9 @@
 // x * (q_scale k_scale) + (log2(448) - m), MUFU.EX2 (ex2.approx.ftz), half an F2FP pack to e4m3,
 // a quarter LOP3 for the anchor (see the loop), plus one FFMA per output element for the
 // promotion; the row sum costs nothing here (tensor cores). 493 SASS instructions per thread and
-// block at D = 128 (the sequential version before this one: 796, 925 causal, with a multiply for the scale, a subtract,
-// a multiply by 448 and the mask's compare and select on every score of every block). Folding the
+// block at D = 128 (the sequential version before this one: 796, 925 causal, with a multiply for
+// the scale, a subtract, a multiply by 448 and the mask's compare and select on every score of every
+// block). Folding the
 // 448 of the FP8 range into the exponent makes exp2 return 448 P directly; the row sum is then
 // 448 l, and the end divides by it (the reference divides by l * 448). The extra rounding (one FFMA
 // instead of a multiply, a subtract and a multiply) moves the exponent by a few float32 ulps, the
@@ -429,7 +430,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float* ks_base = p.k_scale + b * p.k_scale_strides.b + hk * p.k_scale_strides.h;
 
   const uint32_t smem_u32 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const uint32_t anchor = smem_u32 + L::kAnchor + (threadIdx.x - kWgThreads) * 4;  // this thread's slot
+  // This thread's two anchor slots (see the loop): row 0's XOR, row 1's running max.
+  const uint32_t anchor = smem_u32 + L::kAnchor + (threadIdx.x - kWgThreads) * 4;
+  const uint32_t max_slot = anchor + kAnchorSlots * 4;
   const uint64_t desc_q = wgmma_desc(smem_u32 + L::kQ + cw * kWgRows * D, L::kQKGroupBytes, L::kQKSwizzle);
   // A descriptor's low 14 bits are the address / 16, and shared addresses stay below 2^18 (228 KiB):
   // moving a descriptor to another stage is an add, with no carry out of the field.
@@ -571,10 +574,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       // reads); after it, row 1's running max is read back from a slot it was stored to before.
       softmax(blk + 1, k_scale, s, alpha_next, x, masked, 0, 1);
       store_shared_u32(anchor, xor_row(x, 0));
-      store_shared_u32(anchor + kAnchorSlots * 4, __float_as_uint(m_run[1]));
+      store_shared_u32(max_slot, __float_as_uint(m_run[1]));
       SAGE_TRACE(blk, 5);
       wgmma_wait<0>();
-      m_run[1] = load_shared_f32(anchor + kAnchorSlots * 4);
+      m_run[1] = load_shared_f32(max_slot);
       // Whether the next step's K and Vᵀ tiles have landed, asked now: at the next step's top the
       // answer is in, and its waits run only when it was no (a try_wait there, whose latency sat
       // on every step's path, cost 1.5-2%).
