@@ -96,6 +96,19 @@
 #include "sage_wgmma.cuh"
 #include "sm90/attn.h"
 
+#ifndef SAGE_SM90_MAX1_EARLY
+#define SAGE_SM90_MAX1_EARLY 0
+#endif
+#ifndef SAGE_SM90_ROW1_PRE
+#define SAGE_SM90_ROW1_PRE 0
+#endif
+#ifndef SAGE_SM90_UNIFORM_WG
+#define SAGE_SM90_UNIFORM_WG 0
+#endif
+#ifndef SAGE_SM90_PACK0_EARLY
+#define SAGE_SM90_PACK0_EARLY 0
+#endif
+
 namespace sage {
 namespace {
 
@@ -233,22 +246,17 @@ __device__ __forceinline__ void issue_pv(float (&pv)[(D + kSumRows) / 2], const 
 }
 
 // Online softmax of one 128-key block for this thread's two rows (i = 0: row `group`, 1: row
-// group + 8 of its warp's 16). In: the INT32 scores, scale[i] = q_scale * k_scale of the block
-// (log2 domain). kMask: key 8c + 2 quad + (e & 1) of column tile c is visible iff
-// 8c + (e & 1) <= limit[i] (limit = last visible key - n0 - 2 quad). Out: x = 448 P in the
-// accumulator layout, alpha[i] = exp2(old max - new max) for the output and the row sum; m_run
-// updated. (The row sum comes from the P·V wgmma, see issue_pv.)
-// Rows row_begin .. row_end - 1 of the two (constants at every call site).
+// group + 8 of its warp's 16), in two phases so that the kernel can place them apart. In: the INT32
+// scores, scale[i] = q_scale * k_scale of the block (log2 domain). kMask: key 8c + 2 quad + (e & 1)
+// of column tile c is visible iff 8c + (e & 1) <= limit[i] (limit = last visible key - n0 - 2 quad).
+// softmax_max: the row maxima; updates m_run, sets alpha[i] = exp2(old max - new max) for the output
+// and the row sum, and shift[i] = log2(448) - new max (masked: also x = the scores as float, masked).
+// softmax_exp: x = 448 P in the accumulator layout. (The row sum comes from the P·V wgmma, see
+// issue_pv.) Rows row_begin .. row_end - 1 of the two (constants at every call site).
 template <bool kMask>
-__device__ __forceinline__ void softmax_block(const int32_t (&s)[kSRegs], const float (&scale)[2],
-                                              const int (&limit)[2], float (&m_run)[2], float (&alpha)[2],
-                                              float (&x)[kSRegs], int row_begin, int row_end) {
-#pragma unroll
-  for (int j = 0; j < kSRegs; ++j) {
-    if ((j / 2) % 2 < row_begin || (j / 2) % 2 >= row_end) continue;
-    x[j] = static_cast<float>(s[j]);  // exact: |s| <= 2^21
-    if (kMask && 8 * (j / 4) + (j & 1) > limit[(j / 2) % 2]) x[j] = neg_inf();
-  }
+__device__ __forceinline__ void softmax_max(const int32_t (&s)[kSRegs], const float (&scale)[2],
+                                            const int (&limit)[2], float (&m_run)[2], float (&alpha)[2],
+                                            float (&shift)[2], float (&x)[kSRegs], int row_begin, int row_end) {
 #pragma unroll
   for (int i = row_begin; i < row_end; ++i) {
     // Row max over the raw products. Unmasked, over the INT32 scores themselves (the conversion is
@@ -259,6 +267,14 @@ __device__ __forceinline__ void softmax_block(const int32_t (&s)[kSRegs], const 
     if constexpr (!kMask) {
       m_raw = static_cast<float>(row_max(s, i));
     } else {
+#pragma unroll
+      for (int c = 0; c < kSTiles; ++c) {
+#pragma unroll
+        for (int e = 2 * i; e < 2 * i + 2; ++e) {
+          const int j = 4 * c + e;
+          x[j] = 8 * c + (e & 1) > limit[i] ? neg_inf() : static_cast<float>(s[j]);  // exact: |s| <= 2^21
+        }
+      }
       m_raw = row_max(x, i);
     }
     // Scaled once: max_j round(x_j * scale) = round(max_j x_j * scale) for scale >= 0. A row with
@@ -267,13 +283,23 @@ __device__ __forceinline__ void softmax_block(const int32_t (&s)[kSRegs], const 
     const float m_safe = m_new == neg_inf() ? 0.0f : m_new;  // a row that has seen no key yet
     alpha[i] = ex2_approx(m_run[i] - m_safe);
     m_run[i] = m_new;
-    const float shift = kLog2Fp8Max - m_safe;
+    shift[i] = kLog2Fp8Max - m_safe;
+  }
+}
+
+template <bool kMask>
+__device__ __forceinline__ void softmax_exp(const int32_t (&s)[kSRegs], const float (&scale)[2],
+                                            const int (&limit)[2], const float (&shift)[2], float (&x)[kSRegs],
+                                            int row_begin, int row_end, int tile_begin = 0, int tile_end = kSTiles) {
 #pragma unroll
-    for (int c = 0; c < kSTiles; ++c) {
+  for (int i = row_begin; i < row_end; ++i) {
+#pragma unroll
+    for (int c = tile_begin; c < tile_end; ++c) {
 #pragma unroll
       for (int e = 2 * i; e < 2 * i + 2; ++e) {
         const int j = 4 * c + e;
-        float arg = fmaf(x[j], scale[i], shift);
+        const float v = kMask ? x[j] : static_cast<float>(s[j]);  // exact: |s| <= 2^21
+        float arg = fmaf(v, scale[i], shift[i]);
         // Masked again after the FFMA: -inf * scale is NaN when the scale is 0 (an all-zero row of
         // Q or block of K), and such a key must still get P = 0.
         if (kMask && 8 * c + (e & 1) > limit[i]) arg = neg_inf();
@@ -356,7 +382,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // a visible key for every row (block starts <= m0), so no block is fully masked for a warpgroup.
   const int kv_end = kCausal ? min(p.nk, m0 + kBlockM) : p.nk;
   const int n_blocks = (kv_end + kBlockN - 1) / kBlockN;
+#if SAGE_SM90_UNIFORM_WG
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWgThreads), 0);  // warp-uniform to ptxas
+#else
   const int wg = threadIdx.x / kWgThreads;
+#endif
 
   if (threadIdx.x == 0) {
     mbar_init(&bar.q_full, 1);
@@ -453,18 +483,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   // block starts and m0 are multiples of 128), and before Nk. The last block takes the masked
   // variant (correct for any block), the others skip its compares and selects. `masked` is a
   // constant at every call site of the overlapped schedules, so the branch folds away there.
-  const auto softmax = [&](int blk, float k_scale, const int32_t(&s)[kSRegs], float(&alpha)[2],
-                           float(&x)[kSRegs], bool masked, int row_begin = 0, int row_end = 2) {
+  // Phases: the maxima of rows max_begin .. max_end - 1, then the exp2 of rows exp_begin .. exp_end - 1.
+  const auto softmax = [&](int blk, float k_scale, const int32_t(&s)[kSRegs], float(&alpha)[2], float(&shift)[2],
+                           float(&x)[kSRegs], bool masked, int max_begin, int max_end, int exp_begin, int exp_end,
+                           int tile_begin = 0, int tile_end = kSTiles) {
     const float scale[2] = {q_scale[0] * k_scale, q_scale[1] * k_scale};  // the product first, as sage_ref
     if (masked) {
       const int n0 = blk * kBlockN;
       int limit[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) limit[i] = (kCausal ? min(p.nk - 1, row[i]) : p.nk - 1) - n0 - 2 * quad;
-      softmax_block<true>(s, scale, limit, m_run, alpha, x, row_begin, row_end);
+      softmax_max<true>(s, scale, limit, m_run, alpha, shift, x, max_begin, max_end);
+      softmax_exp<true>(s, scale, limit, shift, x, exp_begin, exp_end, tile_begin, tile_end);
     } else {
       const int limit[2] = {0, 0};  // unused
-      softmax_block<false>(s, scale, limit, m_run, alpha, x, row_begin, row_end);
+      softmax_max<false>(s, scale, limit, m_run, alpha, shift, x, max_begin, max_end);
+      softmax_exp<false>(s, scale, limit, shift, x, exp_begin, exp_end, tile_begin, tile_end);
     }
   };
   // O = O * alpha + O_blk and l = l * alpha + the block's row sums (the pv columns past D, see
@@ -500,6 +534,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   float pv[kPvRegs];        // P·V accumulator of one block, row sums included
   uint32_t pa[kPSteps][4];  // P of the block whose P·V is issued next, e4m3
   float alpha[2];           // the output's rescale before that block's P·V is added
+  float shift[2];           // log2(448) - the running max, per row (softmax_max)
   mbar_wait(&bar.q_full, 0);
   SAGE_TRACE_CTA(1, clock64());
 
@@ -514,7 +549,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_commit();
       wgmma_wait<0>();
       fence_operands(s);
-      softmax(blk, k_scale, s, alpha, x, blk == n_blocks - 1);
+      softmax(blk, k_scale, s, alpha, shift, x, blk == n_blocks - 1, 0, 2, 0, 2);
       pack_p(x, pa);
       mbar_wait(&bar.v_full[stage], parity);
       wgmma_fence();
@@ -535,7 +570,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       turn_end(false);
       wgmma_wait<0>();
       fence_operands(s);
-      softmax(0, k_scale, s, alpha, x, n_blocks == 1);
+      softmax(0, k_scale, s, alpha, shift, x, n_blocks == 1, 0, 2, 0, 2);
       pack_p(x, pa);
     }
     bool tiles_ready = false;  // the next step's K and Vᵀ tiles are known to be in (see the step)
@@ -572,12 +607,43 @@ __global__ void __launch_bounds__(kThreads, 1)
       // registers sooner) and every exp2 below it. Two shared-memory round trips pin the halves:
       // before the wait, a store of a word that depends on every exp2 of row 0 (to a slot nothing
       // reads); after it, row 1's running max is read back from a slot it was stored to before.
-      softmax(blk + 1, k_scale, s, alpha_next, x, masked, 0, 1);
-      store_shared_u32(anchor, xor_row(x, 0));
+#if SAGE_SM90_MAX1_EARLY
+      softmax(blk + 1, k_scale, s, alpha_next, shift, x, masked, 0, 2, 0, 1);
+#if SAGE_SM90_ROW1_PRE
+      softmax(blk + 1, k_scale, s, alpha_next, shift, x, masked, 0, 0, 1, 2, 0, SAGE_SM90_ROW1_PRE);
+#endif
+#else
+      softmax(blk + 1, k_scale, s, alpha_next, shift, x, masked, 0, 1, 0, 1);
+#endif
+#if SAGE_SM90_PACK0_EARLY
+      uint32_t p0[kPSteps][2];
+#pragma unroll
+      for (int kk = 0; kk < kPSteps; ++kk) {
+        const float* y = x + 16 * kk;
+        p0[kk][0] = pack_e4m3x4(y[0], y[1], y[4], y[5]);
+        p0[kk][1] = pack_e4m3x4(y[8], y[9], y[12], y[13]);
+      }
+      store_shared_u32(anchor, (p0[0][0] ^ p0[0][1] ^ p0[1][0]) ^ (p0[1][1] ^ p0[2][0] ^ p0[2][1]) ^ (p0[3][0] ^ p0[3][1]));
+#else
+      {
+        uint32_t w = xor_row(x, 0);
+#pragma unroll
+        for (int c = 0; c < SAGE_SM90_ROW1_PRE; ++c) w ^= __float_as_uint(x[4 * c + 2]) ^ __float_as_uint(x[4 * c + 3]);
+        store_shared_u32(anchor, w);
+      }
+#endif
+#if SAGE_SM90_MAX1_EARLY
+      store_shared_u32(max_slot, __float_as_uint(shift[1]));
+#else
       store_shared_u32(max_slot, __float_as_uint(m_run[1]));
+#endif
       SAGE_TRACE(blk, 5);
       wgmma_wait<0>();
+#if SAGE_SM90_MAX1_EARLY
+      shift[1] = load_shared_f32(max_slot);
+#else
       m_run[1] = load_shared_f32(max_slot);
+#endif
       // Whether the next step's K and Vᵀ tiles have landed, asked now: at the next step's top the
       // answer is in, and its waits run only when it was no (a try_wait there, whose latency sat
       // on every step's path, cost 1.5-2%).
@@ -585,11 +651,26 @@ __global__ void __launch_bounds__(kThreads, 1)
                     mbar_test(&bar.v_full[next_stage], ((blk + 1) / kStages) & 1);
       SAGE_TRACE(blk, 6);
       promote(stage, alpha, pv);
-      softmax(blk + 1, k_scale, s, alpha_next, x, masked, 1, 2);
+#if SAGE_SM90_MAX1_EARLY
+      softmax(blk + 1, k_scale, s, alpha_next, shift, x, masked, 1, 1, 1, 2, SAGE_SM90_ROW1_PRE, kSTiles);
+#else
+      softmax(blk + 1, k_scale, s, alpha_next, shift, x, masked, 1, 2, 1, 2);
+#endif
       // P is packed only now: pa was being read by the P·V wgmma until the wait. (Packing into a
       // second buffer during the softmax instead makes ptxas serialize every wgmma, C7513: it gives
       // both buffers the same registers.)
+#if SAGE_SM90_PACK0_EARLY
+#pragma unroll
+      for (int kk = 0; kk < kPSteps; ++kk) {
+        const float* y = x + 16 * kk;
+        pa[kk][0] = p0[kk][0];
+        pa[kk][1] = pack_e4m3x4(y[2], y[3], y[6], y[7]);
+        pa[kk][2] = p0[kk][1];
+        pa[kk][3] = pack_e4m3x4(y[10], y[11], y[14], y[15]);
+      }
+#else
       pack_p(x, pa);
+#endif
       SAGE_TRACE(blk, 7);
       alpha[0] = alpha_next[0];
       alpha[1] = alpha_next[1];
