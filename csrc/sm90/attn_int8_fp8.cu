@@ -44,7 +44,7 @@
 // 128 x 128^2 = 2^21), 0.6 VIMNMX3 for the row max (over the INT32 scores), one FFMA
 // x * (q_scale k_scale) + (log2(448) - m), MUFU.EX2 (ex2.approx.ftz), half an F2FP pack to e4m3,
 // a quarter LOP3 for the anchor (see the loop), plus one FFMA per output element for the
-// promotion; the row sum costs nothing here (tensor cores). 493 SASS instructions per thread and
+// promotion; the row sum costs nothing here (tensor cores). 473 SASS instructions per thread and
 // block at D = 128 (the sequential version before this one: 796, 925 causal, with a multiply for
 // the scale, a subtract, a multiply by 448 and the mask's compare and select on every score of every
 // block). Folding the
@@ -95,19 +95,6 @@
 #include "sage_tma.cuh"
 #include "sage_wgmma.cuh"
 #include "sm90/attn.h"
-
-#ifndef SAGE_SM90_MAX1_EARLY
-#define SAGE_SM90_MAX1_EARLY 0
-#endif
-#ifndef SAGE_SM90_ROW1_PRE
-#define SAGE_SM90_ROW1_PRE 0
-#endif
-#ifndef SAGE_SM90_UNIFORM_WG
-#define SAGE_SM90_UNIFORM_WG 0
-#endif
-#ifndef SAGE_SM90_PACK0_EARLY
-#define SAGE_SM90_PACK0_EARLY 0
-#endif
 
 namespace sage {
 namespace {
@@ -290,11 +277,11 @@ __device__ __forceinline__ void softmax_max(const int32_t (&s)[kSRegs], const fl
 template <bool kMask>
 __device__ __forceinline__ void softmax_exp(const int32_t (&s)[kSRegs], const float (&scale)[2],
                                             const int (&limit)[2], const float (&shift)[2], float (&x)[kSRegs],
-                                            int row_begin, int row_end, int tile_begin = 0, int tile_end = kSTiles) {
+                                            int row_begin, int row_end) {
 #pragma unroll
   for (int i = row_begin; i < row_end; ++i) {
 #pragma unroll
-    for (int c = tile_begin; c < tile_end; ++c) {
+    for (int c = 0; c < kSTiles; ++c) {
 #pragma unroll
       for (int e = 2 * i; e < 2 * i + 2; ++e) {
         const int j = 4 * c + e;
@@ -382,11 +369,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // a visible key for every row (block starts <= m0), so no block is fully masked for a warpgroup.
   const int kv_end = kCausal ? min(p.nk, m0 + kBlockM) : p.nk;
   const int n_blocks = (kv_end + kBlockN - 1) / kBlockN;
-#if SAGE_SM90_UNIFORM_WG
-  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWgThreads), 0);  // warp-uniform to ptxas
-#else
-  const int wg = threadIdx.x / kWgThreads;
-#endif
+  // Broadcast from lane 0, so that ptxas knows the warpgroup index is warp-uniform: the descriptors
+  // derived from it then stay in uniform registers, and the loop top issues the wgmmas without
+  // recomputing them and moving them over (R2UR) every step (493 -> 473 instructions per block).
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWgThreads), 0);
 
   if (threadIdx.x == 0) {
     mbar_init(&bar.q_full, 1);
@@ -460,9 +446,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float* ks_base = p.k_scale + b * p.k_scale_strides.b + hk * p.k_scale_strides.h;
 
   const uint32_t smem_u32 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  // This thread's two anchor slots (see the loop): row 0's XOR, row 1's running max.
+  // This thread's two anchor slots (see the loop): row 0's XOR, row 1's shift (or running max).
   const uint32_t anchor = smem_u32 + L::kAnchor + (threadIdx.x - kWgThreads) * 4;
-  const uint32_t max_slot = anchor + kAnchorSlots * 4;
+  const uint32_t pin_slot = anchor + kAnchorSlots * 4;
   const uint64_t desc_q = wgmma_desc(smem_u32 + L::kQ + cw * kWgRows * D, L::kQKGroupBytes, L::kQKSwizzle);
   // A descriptor's low 14 bits are the address / 16, and shared addresses stay below 2^18 (228 KiB):
   // moving a descriptor to another stage is an add, with no carry out of the field.
@@ -485,8 +471,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // constant at every call site of the overlapped schedules, so the branch folds away there.
   // Phases: the maxima of rows max_begin .. max_end - 1, then the exp2 of rows exp_begin .. exp_end - 1.
   const auto softmax = [&](int blk, float k_scale, const int32_t(&s)[kSRegs], float(&alpha)[2], float(&shift)[2],
-                           float(&x)[kSRegs], bool masked, int max_begin, int max_end, int exp_begin, int exp_end,
-                           int tile_begin = 0, int tile_end = kSTiles) {
+                           float(&x)[kSRegs], bool masked, int max_begin, int max_end, int exp_begin, int exp_end) {
     const float scale[2] = {q_scale[0] * k_scale, q_scale[1] * k_scale};  // the product first, as sage_ref
     if (masked) {
       const int n0 = blk * kBlockN;
@@ -494,11 +479,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 2; ++i) limit[i] = (kCausal ? min(p.nk - 1, row[i]) : p.nk - 1) - n0 - 2 * quad;
       softmax_max<true>(s, scale, limit, m_run, alpha, shift, x, max_begin, max_end);
-      softmax_exp<true>(s, scale, limit, shift, x, exp_begin, exp_end, tile_begin, tile_end);
+      softmax_exp<true>(s, scale, limit, shift, x, exp_begin, exp_end);
     } else {
       const int limit[2] = {0, 0};  // unused
       softmax_max<false>(s, scale, limit, m_run, alpha, shift, x, max_begin, max_end);
-      softmax_exp<false>(s, scale, limit, shift, x, exp_begin, exp_end, tile_begin, tile_end);
+      softmax_exp<false>(s, scale, limit, shift, x, exp_begin, exp_end);
     }
   };
   // O = O * alpha + O_blk and l = l * alpha + the block's row sums (the pv columns past D, see
@@ -599,51 +584,26 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_operands(s);
       SAGE_TRACE(blk, 4);
       float alpha_next[2];
-      // The softmax of row 0 runs before the P·V wait, that of row 1 after it, among the promotion's
+      // The exp2 of row 0 run before the P·V wait, those of row 1 after it, among the promotion's
       // FFMAs: row 0's exp2 keep the MUFU busy while the P·V runs, and the promotion no longer
       // follows the whole softmax (measured 6.5% faster than the whole softmax before the wait).
+      // Both rows' maxima come before the wait: row 1's integer maxima and shuffles fill the gaps
+      // between row 0's exp2 instead of sitting on the path after the wait (measured 0.5-1%).
       // ptxas keeps shared-memory accesses on their side of a wgmma wait (wgmma reads shared memory),
       // and nothing else: left alone it moves the wait above the softmax (to end the P·V accumulator's
       // registers sooner) and every exp2 below it. Two shared-memory round trips pin the halves:
       // before the wait, a store of a word that depends on every exp2 of row 0 (to a slot nothing
-      // reads); after it, row 1's running max is read back from a slot it was stored to before.
-#if SAGE_SM90_MAX1_EARLY
-      softmax(blk + 1, k_scale, s, alpha_next, shift, x, masked, 0, 2, 0, 1);
-#if SAGE_SM90_ROW1_PRE
-      softmax(blk + 1, k_scale, s, alpha_next, shift, x, masked, 0, 0, 1, 2, 0, SAGE_SM90_ROW1_PRE);
-#endif
-#else
-      softmax(blk + 1, k_scale, s, alpha_next, shift, x, masked, 0, 1, 0, 1);
-#endif
-#if SAGE_SM90_PACK0_EARLY
-      uint32_t p0[kPSteps][2];
-#pragma unroll
-      for (int kk = 0; kk < kPSteps; ++kk) {
-        const float* y = x + 16 * kk;
-        p0[kk][0] = pack_e4m3x4(y[0], y[1], y[4], y[5]);
-        p0[kk][1] = pack_e4m3x4(y[8], y[9], y[12], y[13]);
-      }
-      store_shared_u32(anchor, (p0[0][0] ^ p0[0][1] ^ p0[1][0]) ^ (p0[1][1] ^ p0[2][0] ^ p0[2][1]) ^ (p0[3][0] ^ p0[3][1]));
-#else
-      {
-        uint32_t w = xor_row(x, 0);
-#pragma unroll
-        for (int c = 0; c < SAGE_SM90_ROW1_PRE; ++c) w ^= __float_as_uint(x[4 * c + 2]) ^ __float_as_uint(x[4 * c + 3]);
-        store_shared_u32(anchor, w);
-      }
-#endif
-#if SAGE_SM90_MAX1_EARLY
-      store_shared_u32(max_slot, __float_as_uint(shift[1]));
-#else
-      store_shared_u32(max_slot, __float_as_uint(m_run[1]));
-#endif
+      // reads); after it, row 1's shift (log2(448) - its max) is read back from a slot it was stored
+      // to before (pin_slot).
+      // (The masked last step keeps row 1's maximum after the wait: its masked scores would be 32 more
+      // registers live across it, and the kernel would spill.)
+      softmax(blk + 1, k_scale, s, alpha_next, shift, x, masked, 0, masked ? 1 : 2, 0, 1);
+      store_shared_u32(anchor, xor_row(x, 0));
+      float& pinned = masked ? m_run[1] : shift[1];
+      store_shared_u32(pin_slot, __float_as_uint(pinned));
       SAGE_TRACE(blk, 5);
       wgmma_wait<0>();
-#if SAGE_SM90_MAX1_EARLY
-      shift[1] = load_shared_f32(max_slot);
-#else
-      m_run[1] = load_shared_f32(max_slot);
-#endif
+      pinned = load_shared_f32(pin_slot);
       // Whether the next step's K and Vᵀ tiles have landed, asked now: at the next step's top the
       // answer is in, and its waits run only when it was no (a try_wait there, whose latency sat
       // on every step's path, cost 1.5-2%).
@@ -651,26 +611,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                     mbar_test(&bar.v_full[next_stage], ((blk + 1) / kStages) & 1);
       SAGE_TRACE(blk, 6);
       promote(stage, alpha, pv);
-#if SAGE_SM90_MAX1_EARLY
-      softmax(blk + 1, k_scale, s, alpha_next, shift, x, masked, 1, 1, 1, 2, SAGE_SM90_ROW1_PRE, kSTiles);
-#else
-      softmax(blk + 1, k_scale, s, alpha_next, shift, x, masked, 1, 2, 1, 2);
-#endif
+      softmax(blk + 1, k_scale, s, alpha_next, shift, x, masked, 1, masked ? 2 : 1, 1, 2);
       // P is packed only now: pa was being read by the P·V wgmma until the wait. (Packing into a
       // second buffer during the softmax instead makes ptxas serialize every wgmma, C7513: it gives
       // both buffers the same registers.)
-#if SAGE_SM90_PACK0_EARLY
-#pragma unroll
-      for (int kk = 0; kk < kPSteps; ++kk) {
-        const float* y = x + 16 * kk;
-        pa[kk][0] = p0[kk][0];
-        pa[kk][1] = pack_e4m3x4(y[2], y[3], y[6], y[7]);
-        pa[kk][2] = p0[kk][1];
-        pa[kk][3] = pack_e4m3x4(y[10], y[11], y[14], y[15]);
-      }
-#else
       pack_p(x, pa);
-#endif
       SAGE_TRACE(blk, 7);
       alpha[0] = alpha_next[0];
       alpha[1] = alpha_next[1];
