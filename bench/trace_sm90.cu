@@ -8,12 +8,14 @@
 //   /tmp/trace [n=4096] [batch=4] [heads=32] [causal=0] [--json FILE]
 // With -DSAGE_SM90_NO_TRACE it times the kernel as built for the wheel (first line only), so kernel
 // variants (an experiment's #ifndef knobs in attn_int8_fp8.cu, set with -D) can be compared without
-// building a wheel each (bench/variants_sm90.sh).
+// building a wheel each (bench/variants_sm90.sh). With -DSAGE_SM90_NO_TRACE -DSAGE_SM90_CTA_TIMES it also
+// prints the CTAs' timeline: entry, Q landed, loop and epilogue per CTA, the gaps between CTAs on an SM.
 #ifndef SAGE_SM90_NO_TRACE
 #define SAGE_SM90_TRACE 1
 #endif
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -50,6 +52,51 @@ const char* const kPhase[sage::kTraceEvents] = {
     "loop top -> mbarrier waits", "K/V ready (mbarrier)", "turn (named barrier)", "issue Q.K + P.V", "wait Q.K",
     "softmax row 0 + anchors",    "wait P.V",             "promote, row 1, pack"};
 
+#endif
+
+#ifdef SAGE_SM90_CTA_TIMES
+// One more launch (err is its launch status), then per CTA: entry -> Q landed -> last promotion -> exit
+// in SM cycles, and per SM the gaps between one CTA's exit and the next one's entry (globaltimer), the
+// share of the kernel's span the SMs spend inside a CTA, and the idle tail after an SM's last CTA.
+void cta_timeline(cudaError_t err, int64_t ctas) {
+  using namespace sage;
+  CHECK(err);
+  CHECK(cudaDeviceSynchronize());
+  ctas = std::min<int64_t>(ctas, kCtaTimesMax);
+  std::vector<long long> t(ctas * kCtaTimeFields);
+  CHECK(cudaMemcpyFromSymbol(t.data(), g_sm90_cta_times, t.size() * sizeof(long long)));
+  const auto F = [&](int64_t c, int f) { return t[c * kCtaTimeFields + f]; };
+  long long begin = F(0, 1), end = F(0, 7);
+  double pro = 0, body = 0, epi = 0, wg_skew = 0;
+  int sms = 0;
+  for (int64_t c = 0; c < ctas; ++c) {
+    begin = std::min(begin, F(c, 1));
+    end = std::max(end, F(c, 7));
+    pro += F(c, 3) - F(c, 2);
+    body += F(c, 4) - F(c, 3);
+    epi += F(c, 5) - F(c, 4);
+    wg_skew += F(c, 6) - F(c, 5);
+    sms = std::max(sms, int(F(c, 0)) + 1);
+  }
+  std::vector<std::vector<int64_t>> per_sm(sms);
+  for (int64_t c = 0; c < ctas; ++c) per_sm[F(c, 0)].push_back(c);
+  double busy = 0, gaps = 0, tail = 0;
+  int64_t n_gaps = 0;
+  for (auto& list : per_sm) {
+    std::sort(list.begin(), list.end(), [&](int64_t x, int64_t y) { return F(x, 1) < F(y, 1); });
+    for (size_t i = 0; i < list.size(); ++i) {
+      busy += F(list[i], 7) - F(list[i], 1);
+      if (i + 1 < list.size()) gaps += F(list[i + 1], 1) - F(list[i], 7), ++n_gaps;
+    }
+    if (!list.empty()) tail += end - F(list.back(), 7);
+  }
+  std::printf("timeline: %lld CTAs on %d SMs (%.2f per SM), span %.1f us\n", static_cast<long long>(ctas), sms,
+              double(ctas) / sms, (end - begin) * 1e-3);
+  std::printf("  per CTA, cycles: entry -> Q landed %.0f, loop %.0f, epilogue %.0f, warpgroup 1 exits %.0f later\n",
+              pro / ctas, body / ctas, epi / ctas, wg_skew / ctas);
+  std::printf("  SMs inside a CTA %.1f%% of the span; exit -> next entry on an SM %.0f ns; idle tail %.1f us per SM\n",
+              100.0 * busy / (double(sms) * (end - begin)), n_gaps ? gaps / n_gaps : 0.0, tail / sms * 1e-3);
+}
 #endif
 
 }  // namespace
@@ -135,6 +182,9 @@ int main(int argc, char** argv) {
 #else
   std::printf("n=%d b=%d h=%d d=%d causal=%d: kernel %.1f us, %.0f TOPS\n", n, batch, heads, D, causal, ms * 1e3,
               flops / (ms * 1e-3) / 1e12);
+#ifdef SAGE_SM90_CTA_TIMES
+  cta_timeline(launch_qk_int8_sv_f8_attn_sm90(a, 0), int64_t(n_pad / 128) * heads * batch);
+#endif
   return 0;
 #endif
 #ifdef SAGE_SM90_TRACE

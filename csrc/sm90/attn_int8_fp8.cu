@@ -337,7 +337,34 @@ __device__ long long g_sm90_trace_cta[kTraceCtas][kConsumerWgs][5];
   do {                                                                                                   \
     if (trace_on) g_sm90_trace_cta[blockIdx.x][cw][(ev)] = (value);                                       \
   } while (0)
+#endif
+// Per-CTA timeline for bench/trace_sm90.cu (SAGE_SM90_CTA_TIMES; the step loop stays as built for the
+// wheel): the SM, globaltimer at entry and exit, clock64 at entry, when Q has landed, after the last
+// promotion, and at the exit of each consumer warpgroup.
+#ifdef SAGE_SM90_CTA_TIMES
+constexpr int kCtaTimesMax = 1 << 16, kCtaTimeFields = 8;
+__device__ long long g_sm90_cta_times[kCtaTimesMax][kCtaTimeFields];
+__device__ __forceinline__ long long sm_id() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ long long global_ns() {
+  long long r;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(r));
+  return r;
+}
+#define SAGE_CTA_TIME(field, value)                                                                      \
+  do {                                                                                                   \
+    const unsigned cta_ = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);                 \
+    if (cta_ < kCtaTimesMax) g_sm90_cta_times[cta_][(field)] = (value);                                   \
+  } while (0)
 #else
+#define SAGE_CTA_TIME(field, value) \
+  do {                              \
+  } while (0)
+#endif
+#ifndef SAGE_SM90_TRACE
 #define SAGE_TRACE(blk, ev) \
   do {                      \
   } while (0)
@@ -360,6 +387,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + L::kAtom - 1) &
                                              ~static_cast<uintptr_t>(L::kAtom - 1));
   Barriers& bar = *reinterpret_cast<Barriers*>(smem + L::kBar);
+#ifdef SAGE_SM90_CTA_TIMES
+  if (threadIdx.x == 0) {
+    SAGE_CTA_TIME(2, clock64());
+    SAGE_CTA_TIME(0, sm_id());
+    SAGE_CTA_TIME(1, global_ns());
+  }
+#endif
 
   // Causal: the last row blocks see the most keys; launching them first balances the tail.
   const int block_m = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
@@ -382,6 +416,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&bar.empty[s], kConsumerWarps);
     }
     mbar_fence_init();
+    tma_prefetch_map(&tm_q);  // the maps are kernel parameters, not the previous kernel's results
+    tma_prefetch_map(&tm_k);
+    tma_prefetch_map(&tm_v);
   }
   {
     // The ones rows of every Vᵀ stage (TMA never writes them), visible to the wgmma (async proxy).
@@ -394,14 +431,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_proxy_async_shared();
   }
   __syncthreads();
+  // Up to here nothing touched global memory: the kernel before this one in the stream may still be
+  // running (programmatic launch, see launch()). From here on its results are complete and visible.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
 
   if (wg == 0) {
     // ---------------------------------------------------------------------------------- producer
     setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      tma_prefetch_map(&tm_q);
-      tma_prefetch_map(&tm_k);
-      tma_prefetch_map(&tm_v);
       mbar_arrive_expect_tx(&bar.q_full, L::kQBytes);
       tma_load_4d(smem + L::kQ, &tm_q, &bar.q_full, 0, m0, h, b);
       for (int blk = 0; blk < n_blocks; ++blk) {
@@ -522,6 +559,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   float shift[2];           // log2(448) - the running max, per row (softmax_max)
   mbar_wait(&bar.q_full, 0);
   SAGE_TRACE_CTA(1, clock64());
+#ifdef SAGE_SM90_CTA_TIMES
+  if (cw == 0 && t == 0) SAGE_CTA_TIME(3, clock64());
+#endif
 
   if constexpr (!kOverlap) {
     for (int blk = 0; blk < n_blocks; ++blk) {
@@ -638,6 +678,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
+#ifdef SAGE_SM90_CTA_TIMES
+  if (cw == 0 && t == 0) SAGE_CTA_TIME(4, clock64());
+#endif
   // Epilogue: divide by the row sum (448 x the reference's, which divides by sum * 448), multiply by
   // V's channel scale, store the valid rows and channels, then the LSE.
   using Pair = OutPair<OutT>;
@@ -667,6 +710,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       p.lse[off] = lse;
     }
   }
+#ifdef SAGE_SM90_CTA_TIMES
+  if (t == 0) SAGE_CTA_TIME(5 + cw, clock64());
+  if (cw == 0 && t == 0) SAGE_CTA_TIME(7, global_ns());
+#endif
 #ifdef SAGE_SM90_TRACE
   SAGE_TRACE_CTA(2, clock64());
   long long gt;
@@ -711,9 +758,20 @@ cudaError_t launch(const AttnSm90Args& args, cudaStream_t stream) {
   constexpr int kSmem = Smem<D>::kAlloc;  // above the 48 KiB default: opt in
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
-  const dim3 grid((args.nq + kBlockM - 1) / kBlockM, args.heads_q, args.batch);
-  kernel<<<grid, kThreads, kSmem, stream>>>(tm_q, tm_k, tm_v, args);
-  return cudaGetLastError();
+  // Programmatic stream serialization: the CTAs may start (barriers, the ones rows) while the kernel
+  // before them in the stream (the quantization) finishes; griddepcontrol.wait in the kernel holds
+  // every global-memory access until that kernel has completed and its writes are visible.
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3((args.nq + kBlockM - 1) / kBlockM, args.heads_q, args.batch);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmem;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, tm_q, tm_k, tm_v, args);
 }
 
 template <int D, bool kCausal, Sm90Schedule kSchedule>
