@@ -557,6 +557,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t pa[kPSteps][4];  // P of the block whose P·V is issued next, e4m3
   float alpha[2];           // the output's rescale before that block's P·V is added
   float shift[2];           // log2(448) - the running max, per row (softmax_max)
+  // V's channel scales of this thread's output columns, fetched while the last P·V runs so that their
+  // latency hides behind it. (Loaded among the output stores, they came in batches, each waiting for
+  // its own trip to L2: ptxas keeps a load below a store it cannot prove disjoint. That cost about
+  // 5,000 cycles per CTA.)
+  float v_sc[kOTiles][2];
+  const auto fetch_v_scales = [&]() {
+    const float* vs_base = p.v_scale + b * p.v_scale_strides.b + hk * p.v_scale_strides.h;
+#pragma unroll
+    for (int c = 0; c < kOTiles; ++c) {
+      const int ch = c * 8 + quad * 2;  // head_dim is a multiple of 8, so ch + 1 is valid with ch
+      v_sc[c][0] = ch < p.head_dim ? __ldg(vs_base + ch) : 0.0f;
+      v_sc[c][1] = ch < p.head_dim ? __ldg(vs_base + ch + 1) : 0.0f;
+    }
+  };
   mbar_wait(&bar.q_full, 0);
   SAGE_TRACE_CTA(1, clock64());
 #ifdef SAGE_SM90_CTA_TIMES
@@ -583,6 +597,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       promote(stage, alpha, pv);
     }
+    fetch_v_scales();
   } else {
     // Prologue: Q·Kᵀ and softmax of block 0.
     {
@@ -673,6 +688,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       issue_pv<D>(pv, pa, desc_v(stage));
       wgmma_commit();
       turn_end(true);
+      fetch_v_scales();
       wgmma_wait<0>();
       promote(stage, alpha, pv);
     }
@@ -685,7 +701,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // V's channel scale, store the valid rows and channels, then the LSE.
   using Pair = OutPair<OutT>;
   OutT* out_base = static_cast<OutT*>(p.out) + b * p.out_strides.b + h * p.out_strides.h;
-  const float* vs_base = p.v_scale + b * p.v_scale_strides.b + hk * p.v_scale_strides.h;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const float l = l_run[i];
@@ -696,9 +711,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int c = 0; c < kOTiles; ++c) {
       const int ch = c * 8 + quad * 2;
       if (ch < p.head_dim) {  // head_dim is a multiple of 8, so ch + 1 is valid too
-        const float v0 = __ldg(vs_base + ch), v1 = __ldg(vs_base + ch + 1);
         *reinterpret_cast<typename Pair::type*>(out_row + ch) =
-            Pair::make(o[4 * c + 2 * i] * inv * v0, o[4 * c + 2 * i + 1] * inv * v1);
+            Pair::make(o[4 * c + 2 * i] * inv * v_sc[c][0], o[4 * c + 2 * i + 1] * inv * v_sc[c][1]);
       }
     }
     if (p.lse != nullptr && quad == 0) {
