@@ -9,8 +9,8 @@ Ops covered:
 * ``sageattention::quant_q_per_token``, ``quant_k_per_block``, ``quant_v_fp8``, ``quant_qkv_sm90``
   (``sageattention._fused``): the fused quantization ops. ``quant_k_per_block`` returns a list:
   [k_int8, k_scale], plus K's second INT8 digit with ``residual=True``. ``quant_qkv_sm90`` quantizes
-  Q, K and V for the sm_90a kernel in two launches and returns (q_int8, q_scale, corr, k_int8,
-  k_scale, vt, v_scale, k_mean).
+  Q, K and V for the sm_90a kernel in one launch (two for long sequences) and returns (q_int8,
+  q_scale, corr, k_int8, k_scale, vt, v_scale, k_mean).
 * ``sageattention::qk_int8_sv_f16_attn`` (``sageattention._qattn_sm80``): INT8 Q·Kᵀ (optionally
   two-level K), FP16 P·V. Returns ``out`` [B, Hq, Nq, D] of ``out_dtype`` (D = ``v.shape[-1]``),
   whose memory is [B, Nq, Hq, D] when ``out_nhd``, and the float32 LSE [B, Hq, Nq] (an empty tensor

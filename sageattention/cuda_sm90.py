@@ -1,8 +1,8 @@
 """Launcher of the sm_90a CUDA attention kernel (csrc/sm90, op ``sageattention::qk_int8_sv_f8_attn_sm90``).
 
-One call quantizes Q, K and V with one compiled fused op, ``quant_qkv_sm90`` (csrc/fused/quant_qkv.cu,
-two kernel launches: per-chunk statistics of K and V, then one grid that quantizes all three), and
-attends:
+One call quantizes Q, K and V with one compiled fused op, ``quant_qkv_sm90`` (csrc/fused/quant_qkv.cu:
+one kernel launch, two for long sequences, whose CTAs first take per-chunk statistics of K and V and
+then quantize all three), and attends:
 
 * Q: INT8 per token, its scale carrying ``sm_scale * log2(e)`` (as ``quant_q_per_token``);
 * K: minus its mean over tokens (smooth-K, when asked), INT8 per block of 128 keys (as

@@ -52,8 +52,9 @@ cudaError_t launch_quant_v_fp8_transposed(const void* v, HalfType type, Strides3
 constexpr int kQkvKeyBlock = kSm90KeyBlock;
 constexpr int kQkvKeyGroup = kSm90KeyPermuteGroup;
 
-// Q, K and V of one sm_90a attention call in two kernel launches (csrc/fused/quant_qkv.cu), each
-// output bit for bit what the launchers above give:
+// Q, K and V of one sm_90a attention call in one kernel launch (two for long sequences), after a memset
+// of the counters it keeps in the workspace (csrc/fused/quant_qkv.cu), each output bit for bit what the
+// launchers above give:
 //   k_mean [B, Hkv, D] (smooth_k; else null): the mean of K over its tokens (a float32 sum in an
 //     order of its own, then divided by Nk);
 //   q_int8 [B, Hq, Nq, d_pad], q_scale [B, Hq, Nq], corr [B, Hq, Nq] (null: no correction; set only
@@ -63,7 +64,8 @@ constexpr int kQkvKeyGroup = kSm90KeyPermuteGroup;
 //   vt [B, Hkv, d_pad, n_pad]: launch_quant_v_fp8_transposed with permute_keys and v_amax = max |V|
 //     per channel (amax2: NaN kept); n_pad a multiple of 16, at least Nk;
 //   v_scale [B, Hkv, D]: v_amax * float(1 / 448), one float32 multiply.
-// All outputs contiguous. workspace: quant_qkv_workspace_floats(...) float32, no initial contents.
+// All outputs contiguous. workspace: quant_qkv_workspace_floats(...) 4-byte words (float32 partials,
+// then int counters), no initial contents; it must not be shared with a launch that may run at once.
 // Inputs: [B, H, N, D] views with a unit last stride, D a multiple of 8 and at most d_pad (64 or
 // 128); 16-byte loads where the base and strides allow, 2-byte loads otherwise.
 struct QuantQkvArgs {

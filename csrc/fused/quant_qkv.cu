@@ -1,14 +1,33 @@
-// Q, K and V of one sm_90a attention call quantized in two kernel launches (quant.h, QuantQkvArgs):
+// Q, K and V of one sm_90a attention call quantized in one kernel launch, two for long sequences
+// (quant.h, QuantQkvArgs).
+// The workspace holds the statistics' chunk partials, float32 [2][B, Hkv, chunks, d_pad] (every slot
+// written once in the launch), then int counters: the ticket at int 0 and one done counter per
+// (b, hkv) from int kDoneSlot on, which a memset on the stream clears before the kernel. Each CTA of
+// quant_qkv_kernel does one work item:
 //
-// 1. qkv_stats_kernel, grid (chunks, Hkv, B): each CTA reads `chunk` tokens of K and V and writes, per
-//    channel, the float32 sum of K (smooth-K only) and max |V| over its chunk into the workspace,
-//    [2][B, Hkv, chunks, d_pad]. No atomics and nothing to clear: every slot is written once.
-// 2. qkv_quant_kernel, one 1-D grid in three ranges of CTAs: V tiles (FP8 Vᵀ with its keys permuted,
-//    transposed through shared memory into 16-byte row stores; 16384 / d_pad tokens each), K blocks
-//    of 128 keys, Q tiles of 128 tokens. A CTA first reduces the chunk partials it needs (K: k_mean =
-//    sum / Nk; Q with the smooth-K correction: the same; V: v_amax) in one fixed order, so all CTAs
-//    of a (b, hkv) hold the same bits; the first K block of a (b, hkv) writes k_mean, its first V
-//    tile v_scale.
+// - stats item (chunk, b, hkv): reads `chunk` tokens of K and V and writes, per channel, the float32
+//   sum of K (smooth-K only) and max |V| over its chunk into the partials, then counts itself on its
+//   (b, hkv)'s done counter;
+// - V tile: FP8 Vᵀ with its keys permuted, 16384 / d_pad tokens, transposed through shared memory
+//   into 16-byte row stores; K block: 128 keys; Q tile: 128 tokens. An item that reads the partials
+//   (V tiles; K blocks with smooth-K; Q tiles with the smooth-K correction) first waits until its
+//   (b, hkv)'s done counter holds all its chunks, then reduces them in one fixed order (K: k_mean =
+//   sum / Nk; V: v_amax), so all CTAs of a (b, hkv) hold the same bits; the first K block of a
+//   (b, hkv) writes k_mean, its first V tile v_scale. The other Q tiles wait for nothing.
+//
+// A CTA takes its item from a ticket, an atomic counter, not from blockIdx: ticket t goes to the
+// t-th CTA to start, so the stats items a CTA waits for, which hold lower tickets, belong to CTAs
+// that are already running and wait for nothing themselves; no deadlock, however many CTAs fit on
+// the GPU at once. Tickets walk the (b, hkv) heads in groups whose K and V take at most kGroupBytes
+// (one head at least): the stats items of group s, then the quantizing items of group s - kLookahead
+// (head by head: its V tiles, its K blocks, the Q tiles of its query heads). A group's stats items
+// thus run while the group before it is quantized, and its quantizing items re-read K and V while
+// they are still in L2 (step_start, item_of). Where a stats item reads more than
+// kOverlapStatsBytes (long chunks: many heads, long sequences), all heads form one group, and the
+// stats items and the quantizing items go in two launches of the kernel, each CTA taking its item
+// from blockIdx.x (nothing to wait for: the first launch has counted everything when the second
+// starts). Once it holds its item, a CTA lets a kernel launched behind it with programmatic stream
+// serialization start (griddepcontrol, sm_90).
 //
 // A thread holds 8 consecutive channels of a token, one 16-byte load (eight 2-byte loads where the
 // view's base or strides are not 16-byte aligned): d_pad / 8 threads per token. INT8 rows go out as
@@ -29,10 +48,18 @@ constexpr int kQTokens = 128;       // tokens per Q CTA
 constexpr int kVTileBytes = 16384;  // Vᵀ tile of a V CTA: d_pad rows of kVTileBytes / d_pad tokens
 constexpr int kMaxChunks = 32;      // stats chunks per (b, hkv), at most
 constexpr int kMinChunk = 128;      // tokens per stats chunk, at least
-constexpr int kStatsCtas = 512;     // stats CTAs aimed at (about 4 per SM) when B * Hkv is small
+constexpr int kStatsCtas = 512;     // stats items aimed at (about 4 per SM) when B * Hkv is small
 constexpr int kStatsUnroll = 4;     // tokens of K and of V in flight per thread in the stats loop
 constexpr float kInvFp8Max = static_cast<float>(1.0 / kFp8E4M3Max);  // Python's 1.0 / 448, as float32
 constexpr int64_t kMaxTokens = (int64_t{1} << 31) - 1024;            // token indices stay within int
+
+// Ticket order and counters (see the top of the file).
+constexpr int64_t kGroupBytes = int64_t{8} << 20;  // K and V bytes of a ticket group's heads, at most
+constexpr int kLookahead = 1;                      // groups whose stats items precede a group's quantization
+constexpr int64_t kOverlapStatsBytes = 256 << 10;  // bytes a stats item reads, at most, for several groups
+constexpr int kDoneSlot = 32;                      // first done counter among the workspace's ints (own line)
+
+constexpr int cmax(int x, int y) { return x > y ? x : y; }
 
 // Eight consecutive halves: one 16-byte load (kAligned), or eight 2-byte loads.
 template <bool kAligned>
@@ -98,7 +125,8 @@ __device__ __forceinline__ uint2 pack8(const int8_t (&q)[kVec]) {
   return make_uint2(w[0], w[1]);
 }
 
-// Tokens per stats chunk: chunks enough for about kStatsCtas CTAs, at most kMaxChunks of them.
+// Tokens per stats chunk: chunks enough for about kStatsCtas stats items, at most kMaxChunks of them.
+// The chunks set the order of k_mean's float32 sums, hence its bits.
 int stats_chunk(int64_t batch, int64_t heads_kv, int64_t nk) {
   const int64_t heads = batch * heads_kv > 0 ? batch * heads_kv : 1;
   int64_t wanted = (kStatsCtas + heads - 1) / heads;
@@ -108,23 +136,82 @@ int stats_chunk(int64_t batch, int64_t heads_kv, int64_t nk) {
   return static_cast<int>(chunk < kMinChunk ? kMinChunk : chunk);
 }
 
-// CTA (x, h, b): per channel, the sum of K over the tokens of chunk x (smooth_k) and their max |V|.
-// Thread (row, c) takes channels [8c, 8c + 8) of the chunk's tokens row, row + kRows, ...; the rows
-// then meet in shared memory, summed in row order.
+// Work items of the grid (see the top of the file) and what locates them.
+struct QkvGrid {
+  int chunk;        // tokens per stats chunk
+  int chunks;       // stats chunks per (b, hkv)
+  int v_tiles;      // V tiles per (b, hkv)
+  int k_blocks;     // K blocks per (b, hkv)
+  int q_tiles;      // Q tiles per (b, hq)
+  int kv_group;     // query heads per KV head
+  int kv_heads;     // B * Hkv
+  int group_heads;  // (b, hkv) heads per ticket group (the last group may hold fewer)
+  int groups;       // ticket groups: ceil(kv_heads / group_heads)
+  int lookahead;    // ticket groups whose stats items precede a group's quantizing items
+  int head_items;   // quantizing items per (b, hkv): v_tiles + k_blocks + kv_group * q_tiles
+  int item_base;    // item of the launch's first CTA (see launch)
+  bool ticketed;    // items by ticket (one launch of every item) or by blockIdx.x (one of two launches)
+};
+
+// Where the int counters start in the workspace, in floats: after the two partial arrays.
+__host__ __device__ __forceinline__ int64_t counters_offset(int64_t kv_heads, int chunks, int d_pad) {
+  return int64_t{2} * kv_heads * chunks * d_pad;
+}
+
+// The grid's int counters in the workspace: the ticket at [0], (b, hkv)'s done counter at [kDoneSlot + bh].
+template <int D_PAD>
+__device__ __forceinline__ int* qkv_counters(const QuantQkvArgs& a, const QkvGrid& g) {
+  return reinterpret_cast<int*>(a.workspace + counters_offset(g.kv_heads, g.chunks, D_PAD));
+}
+
+// The int counters' slots (the ticket and the done counters), rounded up to whole 128-byte lines.
+int64_t counter_ints(int64_t kv_heads) { return (kDoneSlot + kv_heads + 31) / 32 * 32; }
+
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Called once a (b, hkv)'s stats item has written its partials: the block's stores, ordered by the
+// barrier and the fence before thread 0's count, are visible to whoever observes the count.
+__device__ __forceinline__ void count_done(int* done) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(done, 1);
+  }
+}
+
+// Waits until all `chunks` stats items of a (b, hkv) have counted themselves on `done`: thread 0
+// polls with acquire loads, backing off, and the barrier orders the block's later reads after it.
+__device__ __forceinline__ void wait_done(const int* done, int chunks) {
+  if (threadIdx.x == 0) {
+    unsigned ns = 32;
+    while (load_acquire(done) < chunks) {
+      __nanosleep(ns);
+      ns = ns < 512 ? 2 * ns : ns;
+    }
+  }
+  __syncthreads();
+}
+
+// Stats item `chunk_idx` of (b, hkv) = bh: per channel, the sum of K over the chunk's tokens (smooth_k)
+// and their max |V|. Thread (row, c) takes channels [8c, 8c + 8) of the chunk's tokens row,
+// row + kRows, ...; the rows then meet in shared memory (`smem`), summed in row order.
 template <typename T, int D_PAD, bool kAligned>
-__global__ void __launch_bounds__(kThreads, 3)
-    qkv_stats_kernel(const T* __restrict__ k, Strides3 ks, const T* __restrict__ v, Strides3 vs, int heads_kv,
-                     int n, int head_dim, int chunk, bool smooth_k, float* __restrict__ k_sum,
-                     float* __restrict__ v_amax) {
+__device__ __forceinline__ void qkv_stats(const QuantQkvArgs& a, const QkvGrid& g, int chunk_idx, int bh,
+                                          uint8_t* smem) {
   constexpr int kVecs = D_PAD / kVec, kRows = kThreads / kVecs;
-  __shared__ __align__(16) float rows[2][kRows][D_PAD];
+  float(*rows)[kRows][D_PAD] = reinterpret_cast<float(*)[kRows][D_PAD]>(smem);  // [2][kRows][D_PAD]
   const int c = threadIdx.x % kVecs, row = threadIdx.x / kVecs;
-  const int h = blockIdx.y, b = blockIdx.z;
-  const int first = blockIdx.x * chunk;
-  const int last = static_cast<int>(min(static_cast<int64_t>(first) + chunk, static_cast<int64_t>(n)));
-  const bool active = c * kVec < head_dim;
-  const T* kb = k + b * ks.b + h * ks.h + c * kVec;
-  const T* vb = v + b * vs.b + h * vs.h + c * kVec;
+  const int b = bh / a.heads_kv, h = bh % a.heads_kv;
+  const int first = chunk_idx * g.chunk;
+  const int last = static_cast<int>(min(static_cast<int64_t>(first) + g.chunk, static_cast<int64_t>(a.nk)));
+  const bool active = c * kVec < a.head_dim;
+  const bool smooth_k = a.smooth_k;
+  const T* kb = static_cast<const T*>(a.k) + b * a.k_strides.b + h * a.k_strides.h + c * kVec;
+  const T* vb = static_cast<const T*>(a.v) + b * a.v_strides.b + h * a.v_strides.h + c * kVec;
   float sum[kVec], amax[kVec];
 #pragma unroll
   for (int j = 0; j < kVec; ++j) sum[j] = amax[j] = 0.f;
@@ -134,8 +221,8 @@ __global__ void __launch_bounds__(kThreads, 3)
     for (int u = 0; u < kStatsUnroll; ++u) {
       const int t = t0 + u * kRows;
       const bool ok = active && t < last;
-      kr[u] = ok && smooth_k ? load8<kAligned>(kb + t * ks.n) : make_uint4(0, 0, 0, 0);
-      vr[u] = ok ? load8<kAligned>(vb + t * vs.n) : make_uint4(0, 0, 0, 0);
+      kr[u] = ok && smooth_k ? load8<kAligned>(kb + t * a.k_strides.n) : make_uint4(0, 0, 0, 0);
+      vr[u] = ok ? load8<kAligned>(vb + t * a.v_strides.n) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kStatsUnroll; ++u) {
@@ -157,42 +244,35 @@ __global__ void __launch_bounds__(kThreads, 3)
   vmax_row[0] = make_float4(amax[0], amax[1], amax[2], amax[3]);
   vmax_row[1] = make_float4(amax[4], amax[5], amax[6], amax[7]);
   __syncthreads();
-  const int64_t out = ((static_cast<int64_t>(b) * heads_kv + h) * gridDim.x + blockIdx.x) * D_PAD;
+  const int64_t out = (static_cast<int64_t>(bh) * g.chunks + chunk_idx) * D_PAD;
   const int d = threadIdx.x % D_PAD;
   if (threadIdx.x < D_PAD) {
     if (smooth_k) {
       float s = 0.f;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) s += rows[0][r][d];
-      k_sum[out + d] = s;
+      a.workspace[out + d] = s;
     }
   } else if (threadIdx.x < 2 * D_PAD) {
     float m = 0.f;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) m = amax2(m, rows[1][r][d]);
-    v_amax[out + d] = m;
+    a.workspace[static_cast<int64_t>(g.kv_heads) * g.chunks * D_PAD + out + d] = m;
   }
 }
 
-// CTA counts of the quantization grid: V tiles first, then K blocks, then Q tiles.
-struct QkvGrid {
-  int chunks;    // stats chunks per (b, hkv)
-  int v_tiles;   // V tiles per (b, hkv)
-  int k_blocks;  // K blocks per (b, hkv)
-  int q_tiles;   // Q tiles per (b, hq)
-  int v_ctas, k_ctas;
-};
-
-// One (b, hkv)'s statistic from the stats kernel's chunk partials `part` ([chunks, D_PAD]), chunk 0
+// One (b, hkv)'s statistic from its stats items' chunk partials `part` ([chunks, D_PAD]), chunk 0
 // first, into stat[D_PAD]: the K mean (kMean; the sum over chunks divided by n, IEEE) or max |V|.
-// Stages the partials through `stage` (chunks * D_PAD floats); ends with __syncthreads.
+// First waits on the (b, hkv)'s done counter `done`; stages the partials through `stage` (chunks *
+// D_PAD floats), read from L2 (other CTAs of this grid wrote them); ends with __syncthreads.
 template <int D_PAD, bool kMean>
-__device__ __forceinline__ void reduce_chunks(const float* __restrict__ part, int chunks, int n, float* stage,
+__device__ __forceinline__ void reduce_chunks(const float* part, const int* done, int chunks, int n, float* stage,
                                               float* stat) {
+  wait_done(done, chunks);
   const float4* src = reinterpret_cast<const float4*>(part);
   float4* dst = reinterpret_cast<float4*>(stage);
 #pragma unroll 1
-  for (int i = threadIdx.x; i < chunks * (D_PAD / 4); i += kThreads) dst[i] = src[i];
+  for (int i = threadIdx.x; i < chunks * (D_PAD / 4); i += kThreads) dst[i] = __ldcg(src + i);
   __syncthreads();
   if (threadIdx.x < D_PAD) {
     float acc = 0.f;
@@ -235,8 +315,9 @@ __device__ __forceinline__ void quant_v_tile(const QuantQkvArgs& a, const QkvGri
                                                    : make_uint4(0, 0, 0, 0);
     }
   }
-  const float* part = a.workspace + (static_cast<int64_t>(a.batch) * a.heads_kv + bh) * g.chunks * D_PAD;
-  reduce_chunks<D_PAD, false>(part, g.chunks, a.nk, reinterpret_cast<float*>(smem), stat);
+  const float* part = a.workspace + (static_cast<int64_t>(g.kv_heads) + bh) * g.chunks * D_PAD;
+  const int* done = qkv_counters<D_PAD>(a, g) + kDoneSlot + bh;
+  reduce_chunks<D_PAD, false>(part, done, g.chunks, a.nk, reinterpret_cast<float*>(smem), stat);
   if (tile == 0 && threadIdx.x < a.head_dim) {
     a.v_scale[static_cast<int64_t>(bh) * a.head_dim + threadIdx.x] = __fmul_rn(stat[threadIdx.x], kInvFp8Max);
   }
@@ -289,7 +370,8 @@ __device__ __forceinline__ void quant_k_block(const QuantQkvArgs& a, const QkvGr
   load_tile<kAligned, kRows>(base, a.k_strides.n, first + row, a.nk, active, raw);
   if (a.smooth_k) {
     const float* part = a.workspace + static_cast<int64_t>(bh) * g.chunks * D_PAD;
-    reduce_chunks<D_PAD, true>(part, g.chunks, a.nk, reinterpret_cast<float*>(smem), stat);
+    const int* done = qkv_counters<D_PAD>(a, g) + kDoneSlot + bh;
+    reduce_chunks<D_PAD, true>(part, done, g.chunks, a.nk, reinterpret_cast<float*>(smem), stat);
     if (blk == 0 && threadIdx.x < a.head_dim) {
       a.k_mean[static_cast<int64_t>(bh) * a.head_dim + threadIdx.x] = stat[threadIdx.x];
     }
@@ -354,10 +436,10 @@ __device__ __forceinline__ void quant_q_tile(const QuantQkvArgs& a, const QkvGri
   load_tile<kAligned, kRows>(base, a.q_strides.n, first + row, a.nq, active, raw);
   const bool with_corr = a.corr != nullptr;
   if (with_corr) {
-    const int kv_group = a.heads_q / a.heads_kv;
-    const int64_t bkv = static_cast<int64_t>(b) * a.heads_kv + h / kv_group;
-    reduce_chunks<D_PAD, true>(a.workspace + bkv * g.chunks * D_PAD, g.chunks, a.nk, reinterpret_cast<float*>(smem),
-                               stat);
+    const int bkv = bh / g.kv_group;  // b * Hkv + h / kv_group
+    const int* done = qkv_counters<D_PAD>(a, g) + kDoneSlot + bkv;
+    reduce_chunks<D_PAD, true>(a.workspace + static_cast<int64_t>(bkv) * g.chunks * D_PAD, done, g.chunks, a.nk,
+                               reinterpret_cast<float*>(smem), stat);
   }
   // This thread's channels of k_mean, read from shared memory at each use (volatile) rather than
   // held in registers through all passes.
@@ -404,24 +486,81 @@ __device__ __forceinline__ void quant_q_tile(const QuantQkvArgs& a, const QkvGri
   }
 }
 
+enum class ItemKind { kStats, kV, kK, kQ };
+
+struct Item {
+  ItemKind kind;
+  int index;  // chunk, V tile, K block or Q tile
+  int head;   // bh: b * Hkv + hkv, or b * Hq + hq for a Q tile
+};
+
+// Tickets run in steps s = 0, 1, ..., groups + lookahead - 1: step s holds the stats items of group s
+// (s < groups), head by head, then the quantizing items of group s - lookahead (when that is a group),
+// head by head: its V tiles, K blocks and the Q tiles of its kv_group query heads. step_start(s) is
+// the first ticket of step s; step_start(groups + lookahead) the number of items.
+__device__ __forceinline__ int step_start(const QkvGrid& g, int s) {
+  auto heads_before = [&](int groups) { return min(groups * g.group_heads, g.kv_heads); };
+  return heads_before(min(s, g.groups)) * g.chunks +
+         heads_before(max(0, min(s - g.lookahead, g.groups))) * g.head_items;
+}
+
+// The item of ticket t. Every step holds items, so the step of t is the last s with step_start(s) <= t.
+__device__ __forceinline__ Item item_of(const QkvGrid& g, int t) {
+  int lo = 0, hi = g.groups + g.lookahead;  // step_start(lo) <= t < step_start(hi)
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (step_start(g, mid) <= t) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  int r = t - step_start(g, lo);
+  if (lo < g.groups) {
+    const int head0 = lo * g.group_heads, heads = min(g.group_heads, g.kv_heads - head0);
+    if (r < heads * g.chunks) return {ItemKind::kStats, r % g.chunks, head0 + r / g.chunks};
+    r -= heads * g.chunks;
+  }
+  const int bh = (lo - g.lookahead) * g.group_heads + r / g.head_items;
+  r %= g.head_items;
+  if (r < g.v_tiles) return {ItemKind::kV, r, bh};
+  r -= g.v_tiles;
+  if (r < g.k_blocks) return {ItemKind::kK, r, bh};
+  r -= g.k_blocks;
+  return {ItemKind::kQ, r % g.q_tiles, bh * g.kv_group + r / g.q_tiles};
+}
+
 template <typename T, int D_PAD, bool kAligned>
-__global__ void __launch_bounds__(kThreads, 3) qkv_quant_kernel(const QuantQkvArgs a, const QkvGrid g) {
-  // Staged chunk partials (at most kMaxChunks x D_PAD floats), then, in V CTAs, the Vᵀ tile.
-  __shared__ __align__(16) uint8_t smem[kVTileBytes > kMaxChunks * D_PAD * 4 ? kVTileBytes : kMaxChunks * D_PAD * 4];
+__global__ void __launch_bounds__(kThreads, 3) quant_qkv_kernel(const QuantQkvArgs a, const QkvGrid g) {
+  // The stats rows ([2][kRows][D_PAD] floats, 16 KiB), or the staged chunk partials (at most
+  // kMaxChunks x D_PAD floats) and then, in V CTAs, the Vᵀ tile.
+  constexpr int kStage = kMaxChunks * D_PAD * 4, kStatsRows = 2 * kThreads * kVec * 4;
+  __shared__ __align__(16) uint8_t smem[cmax(kVTileBytes, cmax(kStage, kStatsRows))];
   __shared__ float stat[D_PAD];
   __shared__ float warp_max[kWarps];
-  int cta = blockIdx.x;
-  if (cta < g.v_ctas) {
-    quant_v_tile<T, D_PAD, kAligned>(a, g, cta % g.v_tiles, cta / g.v_tiles, smem, stat);
-    return;
+  __shared__ int ticket;
+  int* counters = qkv_counters<D_PAD>(a, g);
+  if (threadIdx.x == 0) ticket = (g.ticketed ? atomicAdd(counters, 1) : static_cast<int>(blockIdx.x)) + g.item_base;
+  __syncthreads();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  const Item it = item_of(g, ticket);
+  switch (it.kind) {
+    case ItemKind::kStats:
+      qkv_stats<T, D_PAD, kAligned>(a, g, it.index, it.head, smem);
+      count_done(counters + kDoneSlot + it.head);
+      break;
+    case ItemKind::kV:
+      quant_v_tile<T, D_PAD, kAligned>(a, g, it.index, it.head, smem, stat);
+      break;
+    case ItemKind::kK:
+      quant_k_block<T, D_PAD, kAligned>(a, g, it.index, it.head, smem, stat, warp_max);
+      break;
+    case ItemKind::kQ:
+      quant_q_tile<T, D_PAD, kAligned>(a, g, it.index, it.head, smem, stat);
+      break;
   }
-  cta -= g.v_ctas;
-  if (cta < g.k_ctas) {
-    quant_k_block<T, D_PAD, kAligned>(a, g, cta % g.k_blocks, cta / g.k_blocks, smem, stat, warp_max);
-    return;
-  }
-  cta -= g.k_ctas;
-  quant_q_tile<T, D_PAD, kAligned>(a, g, cta % g.q_tiles, cta / g.q_tiles, smem, stat);
 }
 
 // A view whose 8-element runs can be read as 16-byte words: a 16-byte aligned base, and strides that
@@ -433,29 +572,46 @@ bool vec_aligned(const void* p, Strides3 s, int batch, int heads, int n) {
 
 template <typename T, int D_PAD, bool kAligned>
 cudaError_t launch(const QuantQkvArgs& a, cudaStream_t stream) {
-  const int chunk = stats_chunk(a.batch, a.heads_kv, a.nk);
   QkvGrid g{};
-  g.chunks = (a.nk + chunk - 1) / chunk;
+  g.chunk = stats_chunk(a.batch, a.heads_kv, a.nk);
+  g.chunks = (a.nk + g.chunk - 1) / g.chunk;
   g.v_tiles = (a.n_pad + kVTileBytes / D_PAD - 1) / (kVTileBytes / D_PAD);
   g.k_blocks = (a.nk + kQkvKeyBlock - 1) / kQkvKeyBlock;
   g.q_tiles = (a.nq + kQTokens - 1) / kQTokens;
+  g.kv_group = a.heads_q / a.heads_kv;
   const int64_t kv_heads = static_cast<int64_t>(a.batch) * a.heads_kv;
-  const int64_t v_ctas = kv_heads * g.v_tiles, k_ctas = kv_heads * g.k_blocks;
-  const int64_t q_ctas = static_cast<int64_t>(a.batch) * a.heads_q * g.q_tiles;
-  if (v_ctas + k_ctas + q_ctas >= (int64_t{1} << 31) || a.batch > 65535 || a.heads_kv > 65535) {
-    return cudaErrorInvalidValue;
-  }
-  g.v_ctas = static_cast<int>(v_ctas);
-  g.k_ctas = static_cast<int>(k_ctas);
-  float* k_sum = a.workspace;
-  float* v_amax = a.workspace + kv_heads * g.chunks * D_PAD;
-  qkv_stats_kernel<T, D_PAD, kAligned><<<dim3(g.chunks, a.heads_kv, a.batch), kThreads, 0, stream>>>(
-      static_cast<const T*>(a.k), a.k_strides, static_cast<const T*>(a.v), a.v_strides, a.heads_kv, a.nk, a.head_dim,
-      chunk, a.smooth_k, k_sum, v_amax);
-  cudaError_t err = cudaGetLastError();
+  const int64_t head_items = int64_t{g.v_tiles} + g.k_blocks + int64_t{g.kv_group} * g.q_tiles;
+  const int64_t items = kv_heads * (g.chunks + head_items);
+  if (items >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+  // Groups of heads whose K and V take at most kGroupBytes, one head at least; one group of all heads
+  // when a stats item reads more than kOverlapStatsBytes (then its time outlasts what the lookahead
+  // leaves it).
+  const int64_t head_bytes = int64_t{2} * a.nk * a.head_dim * static_cast<int64_t>(sizeof(T));
+  const int64_t stats_item_bytes = int64_t{2} * g.chunk * a.head_dim * static_cast<int64_t>(sizeof(T));
+  int64_t group_heads = stats_item_bytes > kOverlapStatsBytes ? kv_heads : kGroupBytes / head_bytes;
+  group_heads = group_heads < 1 ? 1 : (group_heads > kv_heads ? kv_heads : group_heads);
+  g.kv_heads = static_cast<int>(kv_heads);
+  g.group_heads = static_cast<int>(group_heads);
+  g.groups = static_cast<int>((kv_heads + group_heads - 1) / group_heads);
+  g.lookahead = kLookahead;
+  g.head_items = static_cast<int>(head_items);
+  int* counters = reinterpret_cast<int*>(a.workspace + counters_offset(kv_heads, g.chunks, D_PAD));
+  cudaError_t err = cudaMemsetAsync(counters, 0, counter_ints(kv_heads) * sizeof(int), stream);
   if (err != cudaSuccess) return err;
-  const unsigned ctas = static_cast<unsigned>(v_ctas + k_ctas + q_ctas);
-  qkv_quant_kernel<T, D_PAD, kAligned><<<ctas, kThreads, 0, stream>>>(a, g);
+  if (stats_item_bytes <= kOverlapStatsBytes) {
+    g.ticketed = true;
+    quant_qkv_kernel<T, D_PAD, kAligned><<<static_cast<unsigned>(items), kThreads, 0, stream>>>(a, g);
+    return cudaGetLastError();
+  }
+  // Long stats items: their one group in one launch left the quantizing CTAs waiting (10-13% slower
+  // than two launches at b=1, n >= 16384), so the stats items go first in a launch of their own and
+  // the quantizing items, which then find every count complete, in a second one.
+  const int64_t stats_items = kv_heads * g.chunks;
+  quant_qkv_kernel<T, D_PAD, kAligned><<<static_cast<unsigned>(stats_items), kThreads, 0, stream>>>(a, g);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  g.item_base = static_cast<int>(stats_items);
+  quant_qkv_kernel<T, D_PAD, kAligned><<<static_cast<unsigned>(items - stats_items), kThreads, 0, stream>>>(a, g);
   return cudaGetLastError();
 }
 
@@ -483,7 +639,8 @@ cudaError_t launch_typed(const QuantQkvArgs& a, cudaStream_t stream) {
 
 int64_t quant_qkv_workspace_floats(int batch, int heads_kv, int nk, int d_pad) {
   const int chunk = stats_chunk(batch, heads_kv, nk);
-  return int64_t{2} * batch * heads_kv * ((nk + chunk - 1) / chunk) * d_pad;
+  const int64_t kv_heads = static_cast<int64_t>(batch) * heads_kv;
+  return counters_offset(kv_heads, (nk + chunk - 1) / chunk, d_pad) + counter_ints(kv_heads);  // 4-byte ints
 }
 
 cudaError_t launch_quant_qkv_sm90(const QuantQkvArgs& args, cudaStream_t stream) {

@@ -1,7 +1,7 @@
 """The compiled fused quantization ops (csrc/fused) against the reference quantization and the Triton
 quantization kernels, bit for bit (two-level K included), and the attention they feed against the
-simulated-quantization reference. quant_qkv_sm90 (the sm_90a call's Q, K and V in two launches)
-against the separate ops, bit for bit given its K mean."""
+simulated-quantization reference. quant_qkv_sm90 (the sm_90a call's Q, K and V in one launch, two for
+long sequences) against the separate ops, bit for bit given its K mean."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def test_cuda_and_triton_quantization_give_the_same_attention(pv, causal):
 
 
 # --------------------------------------------------------------------------------------------------
-# quant_qkv_sm90: Q, K and V of one sm_90a attention call in two kernel launches
+# quant_qkv_sm90: Q, K and V of one sm_90a attention call in one kernel launch (two for long sequences)
 
 
 QKV_MODES = [(True, True), (True, False), (False, False)]  # (smooth_k, with_corr)
@@ -193,7 +193,8 @@ def test_quant_qkv_sm90_is_bit_exact(dtype, layout, n, d, smooth_k, with_corr):
     _assert_matches_separate_ops(q, k, v, smooth_k, with_corr, outputs)
 
 
-OTHER_SHAPES = [(1, 24, 24, 4608, 4608), (2, 8, 2, 300, 1000), (1, 2, 1, 900, 33)]  # (b, hq, hkv, nq, nk)
+# (b, hq, hkv, nq, nk); the last one's statistics chunks are long enough for the two-launch path
+OTHER_SHAPES = [(1, 24, 24, 4608, 4608), (2, 8, 2, 300, 1000), (1, 2, 1, 900, 33), (1, 2, 1, 2000, 32768)]
 
 
 @pytest.mark.parametrize("b,hq,hkv,nq,nk", OTHER_SHAPES)
@@ -236,9 +237,14 @@ def test_quant_qkv_sm90_keeps_nan_in_v():
 
 
 @pytest.mark.parametrize("smooth_k,with_corr", [(True, True), (False, False)], ids=["smooth-corr", "plain"])
-def test_quant_qkv_sm90_launches_two_kernels(smooth_k, with_corr):
-    """Two kernels and nothing else on the GPU: no memset, reduction or elementwise kernel."""
-    q, k, v = (hnd(1, 8, 1024, 128, "NHD", torch.bfloat16) for _ in range(3))
+@pytest.mark.parametrize(
+    "heads,n,kernels", [(8, 1024, 1), (1, 32768, 2)], ids=["one-launch", "long-stats-chunks"]
+)
+def test_quant_qkv_sm90_launches_a_memset_and_its_kernel(smooth_k, with_corr, heads, n, kernels):
+    """One memset (of the kernel's counters in its workspace) and quant_qkv_kernel, nothing else on the
+    GPU: no reduction or elementwise kernel. The kernel runs once, or twice (statistics, then the
+    quantizing items) where a statistics chunk is long (here 1024 tokens of one KV head)."""
+    q, k, v = (hnd(1, heads, n, 128, "NHD", torch.bfloat16) for _ in range(3))
     args = _qkv_args(q, k, v, smooth_k, with_corr)
     ops.quant_qkv_sm90(*args)
     torch.cuda.synchronize()
@@ -246,7 +252,9 @@ def test_quant_qkv_sm90_launches_two_kernels(smooth_k, with_corr):
         ops.quant_qkv_sm90(*args)
         torch.cuda.synchronize()
     on_gpu = [ev.name for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA]
-    assert len(on_gpu) == 2, on_gpu
+    memsets = [name for name in on_gpu if name.startswith("Memset")]  # "Memset (Device)"
+    launches = [name for name in on_gpu if "quant_qkv_kernel" in name]
+    assert len(on_gpu) == 1 + kernels and len(memsets) == 1 and len(launches) == kernels, on_gpu
 
 
 def test_quant_qkv_sm90_rejects_inputs_it_cannot_take():
