@@ -96,10 +96,6 @@
 #include "sage_wgmma.cuh"
 #include "sm90/attn.h"
 
-#ifndef SAGE_SM90_EARLY_TMA
-#define SAGE_SM90_EARLY_TMA 1
-#endif
-
 namespace sage {
 namespace {
 
@@ -424,25 +420,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     tma_prefetch_map(&tm_k);
     tma_prefetch_map(&tm_v);
   }
-  // Copies of K and Vᵀ block blk into its stage (whose previous round the consumers have released).
-  const auto load_kv = [&](int blk) {
-    const int stage = blk % kStages;
-    mbar_arrive_expect_tx(&bar.k_full[stage], L::kKBytes);
-    tma_load_4d(smem + L::kK + stage * L::kKBytes, &tm_k, &bar.k_full[stage], 0, blk * kBlockN, hk, b);
-    mbar_arrive_expect_tx(&bar.v_full[stage], L::kVLoadBytes);
-    tma_load_4d(smem + L::kV + stage * L::kVBytes, &tm_v, &bar.v_full[stage], blk * kBlockN, 0, hk, b);
-  };
-#if SAGE_SM90_EARLY_TMA
-  const int early_blocks = min(kStages, n_blocks);
-  if (threadIdx.x == 0) {
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    mbar_arrive_expect_tx(&bar.q_full, L::kQBytes);
-    tma_load_4d(smem + L::kQ, &tm_q, &bar.q_full, 0, m0, h, b);
-    for (int blk = 0; blk < early_blocks; ++blk) load_kv(blk);
-  }
-#else
-  const int early_blocks = 0;
-#endif
   {
     // The ones rows of every Vᵀ stage (TMA never writes them), visible to the wgmma (async proxy).
     constexpr int kChunks = kSumRows * kBlockN / 16;  // 16-byte stores per stage
@@ -462,14 +439,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---------------------------------------------------------------------------------- producer
     setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      if (early_blocks == 0) {
-        mbar_arrive_expect_tx(&bar.q_full, L::kQBytes);
-        tma_load_4d(smem + L::kQ, &tm_q, &bar.q_full, 0, m0, h, b);
-      }
-      for (int blk = early_blocks; blk < n_blocks; ++blk) {
+      mbar_arrive_expect_tx(&bar.q_full, L::kQBytes);
+      tma_load_4d(smem + L::kQ, &tm_q, &bar.q_full, 0, m0, h, b);
+      for (int blk = 0; blk < n_blocks; ++blk) {
+        const int stage = blk % kStages;
         // Round r of a stage reuses it: wait until the consumers released round r - 1.
-        if (blk >= kStages) mbar_wait(&bar.empty[blk % kStages], ((blk / kStages) - 1) & 1);
-        load_kv(blk);
+        if (blk >= kStages) mbar_wait(&bar.empty[stage], ((blk / kStages) - 1) & 1);
+        mbar_arrive_expect_tx(&bar.k_full[stage], L::kKBytes);
+        tma_load_4d(smem + L::kK + stage * L::kKBytes, &tm_k, &bar.k_full[stage], 0, blk * kBlockN, hk, b);
+        mbar_arrive_expect_tx(&bar.v_full[stage], L::kVLoadBytes);
+        tma_load_4d(smem + L::kV + stage * L::kVBytes, &tm_v, &bar.v_full[stage], blk * kBlockN, 0, hk, b);
       }
       // The CTA that most likely starts on this SM next (CTAs start in linear order as SMs free up): its
       // Q tile into L2 now, so that its first load waits for L2 instead of HBM (measured 1-2% at n <= 2048).
