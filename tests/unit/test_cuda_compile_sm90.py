@@ -57,6 +57,8 @@ PTX_EXPECTED = [
     "cvt.rn.satfinite.e4m3x2.f32",
     "ex2.approx.ftz.f32",
     "bar.sync",  # ping-pong turns (named barriers)
+    "griddepcontrol.wait",  # programmatic launch: global accesses wait for the kernel before
+    "cp.async.bulk.prefetch.tensor.4d.L2.global.tile",  # the next CTA's Q tile into L2
     "bar.arrive",
 ]
 SASS_EXPECTED = [
