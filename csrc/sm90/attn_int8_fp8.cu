@@ -322,6 +322,18 @@ __device__ __forceinline__ uint32_t xor_row(const float (&x)[kSRegs], int i) {
   return (r[0] ^ r[1]) ^ (r[2] ^ r[3]);
 }
 
+// The SM's id and the global nanosecond timer, for the timestamps below.
+__device__ __forceinline__ long long sm_id() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ long long global_ns() {
+  long long r;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(r));
+  return r;
+}
+
 // Phase timestamps for bench/trace_sm90.cu, compiled in only with SAGE_SM90_TRACE defined: thread 0 of
 // each consumer warpgroup of the first kTraceCtas CTAs writes clock64() at the events of every step.
 #ifdef SAGE_SM90_TRACE
@@ -344,16 +356,6 @@ __device__ long long g_sm90_trace_cta[kTraceCtas][kConsumerWgs][5];
 #ifdef SAGE_SM90_CTA_TIMES
 constexpr int kCtaTimesMax = 1 << 16, kCtaTimeFields = 8;
 __device__ long long g_sm90_cta_times[kCtaTimesMax][kCtaTimeFields];
-__device__ __forceinline__ long long sm_id() {
-  unsigned r;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ long long global_ns() {
-  long long r;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(r));
-  return r;
-}
 #define SAGE_CTA_TIME(field, value)                                                                      \
   do {                                                                                                   \
     const unsigned cta_ = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);                 \
@@ -387,13 +389,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + L::kAtom - 1) &
                                              ~static_cast<uintptr_t>(L::kAtom - 1));
   Barriers& bar = *reinterpret_cast<Barriers*>(smem + L::kBar);
-#ifdef SAGE_SM90_CTA_TIMES
   if (threadIdx.x == 0) {
     SAGE_CTA_TIME(2, clock64());
     SAGE_CTA_TIME(0, sm_id());
     SAGE_CTA_TIME(1, global_ns());
   }
-#endif
 
   // Causal: the last row blocks see the most keys; launching them first balances the tail.
   const int block_m = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
@@ -475,11 +475,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const long long trace_entry = clock64();
   const bool trace_on = t == 0 && blockIdx.x < kTraceCtas && blockIdx.y == 0 && blockIdx.z == 0;
   SAGE_TRACE_CTA(0, trace_entry);
-  {
-    long long gt;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
-    SAGE_TRACE_CTA(3, gt);
-  }
+  SAGE_TRACE_CTA(3, global_ns());
 #endif
   const int row[2] = {warp_row0 + group, warp_row0 + group + 8};
   const bool row_ok[2] = {row[0] < p.nq, row[1] < p.nq};
@@ -583,9 +579,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   mbar_wait(&bar.q_full, 0);
   SAGE_TRACE_CTA(1, clock64());
-#ifdef SAGE_SM90_CTA_TIMES
   if (cw == 0 && t == 0) SAGE_CTA_TIME(3, clock64());
-#endif
 
   if constexpr (!kOverlap) {
     for (int blk = 0; blk < n_blocks; ++blk) {
@@ -704,9 +698,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
-#ifdef SAGE_SM90_CTA_TIMES
   if (cw == 0 && t == 0) SAGE_CTA_TIME(4, clock64());
-#endif
   // Epilogue: divide by the row sum (448 x the reference's, which divides by sum * 448), multiply by
   // V's channel scale, store the valid rows and channels, then the LSE.
   using Pair = OutPair<OutT>;
@@ -734,16 +726,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       p.lse[off] = lse;
     }
   }
-#ifdef SAGE_SM90_CTA_TIMES
   if (t == 0) SAGE_CTA_TIME(5 + cw, clock64());
   if (cw == 0 && t == 0) SAGE_CTA_TIME(7, global_ns());
-#endif
-#ifdef SAGE_SM90_TRACE
   SAGE_TRACE_CTA(2, clock64());
-  long long gt;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
-  SAGE_TRACE_CTA(4, gt);
-#endif
+  SAGE_TRACE_CTA(4, global_ns());
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
