@@ -147,7 +147,6 @@ struct QkvGrid {
   int kv_heads;     // B * Hkv
   int group_heads;  // (b, hkv) heads per ticket group (the last group may hold fewer)
   int groups;       // ticket groups: ceil(kv_heads / group_heads)
-  int lookahead;    // ticket groups whose stats items precede a group's quantizing items
   int head_items;   // quantizing items per (b, hkv): v_tiles + k_blocks + kv_group * q_tiles
   int item_base;    // item of the launch's first CTA (see launch)
   bool ticketed;    // items by ticket (one launch of every item) or by blockIdx.x (one of two launches)
@@ -166,6 +165,12 @@ __device__ __forceinline__ int* qkv_counters(const QuantQkvArgs& a, const QkvGri
 
 // The int counters' slots (the ticket and the done counters), rounded up to whole 128-byte lines.
 int64_t counter_ints(int64_t kv_heads) { return (kDoneSlot + kv_heads + 31) / 32 * 32; }
+
+// (b, hkv) = bh's stats chunk partials in the workspace, [chunks, D_PAD]: its K sums, or its V maxima.
+template <int D_PAD>
+__device__ __forceinline__ float* chunk_partials(const QuantQkvArgs& a, const QkvGrid& g, bool k_sums, int bh) {
+  return a.workspace + ((k_sums ? 0 : int64_t{g.kv_heads}) + bh) * g.chunks * D_PAD;
+}
 
 __device__ __forceinline__ int load_acquire(const int* p) {
   int v;
@@ -244,32 +249,35 @@ __device__ __forceinline__ void qkv_stats(const QuantQkvArgs& a, const QkvGrid& 
   vmax_row[0] = make_float4(amax[0], amax[1], amax[2], amax[3]);
   vmax_row[1] = make_float4(amax[4], amax[5], amax[6], amax[7]);
   __syncthreads();
-  const int64_t out = (static_cast<int64_t>(bh) * g.chunks + chunk_idx) * D_PAD;
+  const int out = chunk_idx * D_PAD;  // this chunk's row of the (b, hkv)'s partials
   const int d = threadIdx.x % D_PAD;
   if (threadIdx.x < D_PAD) {
     if (smooth_k) {
       float s = 0.f;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) s += rows[0][r][d];
-      a.workspace[out + d] = s;
+      chunk_partials<D_PAD>(a, g, true, bh)[out + d] = s;
     }
   } else if (threadIdx.x < 2 * D_PAD) {
     float m = 0.f;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) m = amax2(m, rows[1][r][d]);
-    a.workspace[static_cast<int64_t>(g.kv_heads) * g.chunks * D_PAD + out + d] = m;
+    chunk_partials<D_PAD>(a, g, false, bh)[out + d] = m;
   }
 }
 
-// One (b, hkv)'s statistic from its stats items' chunk partials `part` ([chunks, D_PAD]), chunk 0
-// first, into stat[D_PAD]: the K mean (kMean; the sum over chunks divided by n, IEEE) or max |V|.
-// First waits on the (b, hkv)'s done counter `done`; stages the partials through `stage` (chunks *
-// D_PAD floats), read from L2 (other CTAs of this grid wrote them); ends with __syncthreads.
+// (b, hkv) = bh's statistic from its stats items' chunk partials (chunk_partials: its K sums with
+// kMean, else its V maxima), chunk 0 first, into stat[D_PAD]: the K mean (the sum over chunks divided
+// by Nk, IEEE) or max |V|. In a launch of every item (ticketed) it first waits on the
+// (b, hkv)'s done counter; in the second of two launches the first has counted everything. Stages the
+// partials through `stage` (chunks * D_PAD floats), read from L2 (other CTAs wrote them); ends with
+// __syncthreads.
 template <int D_PAD, bool kMean>
-__device__ __forceinline__ void reduce_chunks(const float* part, const int* done, int chunks, int n, float* stage,
+__device__ __forceinline__ void reduce_chunks(const QuantQkvArgs& a, const QkvGrid& g, int bh, float* stage,
                                               float* stat) {
-  wait_done(done, chunks);
-  const float4* src = reinterpret_cast<const float4*>(part);
+  const int chunks = g.chunks;
+  if (g.ticketed) wait_done(qkv_counters<D_PAD>(a, g) + kDoneSlot + bh, chunks);
+  const float4* src = reinterpret_cast<const float4*>(chunk_partials<D_PAD>(a, g, kMean, bh));
   float4* dst = reinterpret_cast<float4*>(stage);
 #pragma unroll 1
   for (int i = threadIdx.x; i < chunks * (D_PAD / 4); i += kThreads) dst[i] = __ldcg(src + i);
@@ -280,7 +288,7 @@ __device__ __forceinline__ void reduce_chunks(const float* part, const int* done
       const float x = stage[c * D_PAD + threadIdx.x];
       acc = kMean ? acc + x : amax2(acc, x);
     }
-    stat[threadIdx.x] = kMean ? __fdiv_rn(acc, static_cast<float>(n)) : acc;
+    stat[threadIdx.x] = kMean ? __fdiv_rn(acc, static_cast<float>(a.nk)) : acc;
   }
   __syncthreads();
 }
@@ -315,9 +323,7 @@ __device__ __forceinline__ void quant_v_tile(const QuantQkvArgs& a, const QkvGri
                                                    : make_uint4(0, 0, 0, 0);
     }
   }
-  const float* part = a.workspace + (static_cast<int64_t>(g.kv_heads) + bh) * g.chunks * D_PAD;
-  const int* done = qkv_counters<D_PAD>(a, g) + kDoneSlot + bh;
-  reduce_chunks<D_PAD, false>(part, done, g.chunks, a.nk, reinterpret_cast<float*>(smem), stat);
+  reduce_chunks<D_PAD, false>(a, g, bh, reinterpret_cast<float*>(smem), stat);
   if (tile == 0 && threadIdx.x < a.head_dim) {
     a.v_scale[static_cast<int64_t>(bh) * a.head_dim + threadIdx.x] = __fmul_rn(stat[threadIdx.x], kInvFp8Max);
   }
@@ -369,9 +375,7 @@ __device__ __forceinline__ void quant_k_block(const QuantQkvArgs& a, const QkvGr
   uint4 raw[kPasses];
   load_tile<kAligned, kRows>(base, a.k_strides.n, first + row, a.nk, active, raw);
   if (a.smooth_k) {
-    const float* part = a.workspace + static_cast<int64_t>(bh) * g.chunks * D_PAD;
-    const int* done = qkv_counters<D_PAD>(a, g) + kDoneSlot + bh;
-    reduce_chunks<D_PAD, true>(part, done, g.chunks, a.nk, reinterpret_cast<float*>(smem), stat);
+    reduce_chunks<D_PAD, true>(a, g, bh, reinterpret_cast<float*>(smem), stat);
     if (blk == 0 && threadIdx.x < a.head_dim) {
       a.k_mean[static_cast<int64_t>(bh) * a.head_dim + threadIdx.x] = stat[threadIdx.x];
     }
@@ -437,9 +441,7 @@ __device__ __forceinline__ void quant_q_tile(const QuantQkvArgs& a, const QkvGri
   const bool with_corr = a.corr != nullptr;
   if (with_corr) {
     const int bkv = bh / g.kv_group;  // b * Hkv + h / kv_group
-    const int* done = qkv_counters<D_PAD>(a, g) + kDoneSlot + bkv;
-    reduce_chunks<D_PAD, true>(a.workspace + static_cast<int64_t>(bkv) * g.chunks * D_PAD, done, g.chunks, a.nk,
-                               reinterpret_cast<float*>(smem), stat);
+    reduce_chunks<D_PAD, true>(a, g, bkv, reinterpret_cast<float*>(smem), stat);
   }
   // This thread's channels of k_mean, read from shared memory at each use (volatile) rather than
   // held in registers through all passes.
@@ -494,19 +496,19 @@ struct Item {
   int head;   // bh: b * Hkv + hkv, or b * Hq + hq for a Q tile
 };
 
-// Tickets run in steps s = 0, 1, ..., groups + lookahead - 1: step s holds the stats items of group s
-// (s < groups), head by head, then the quantizing items of group s - lookahead (when that is a group),
+// Tickets run in steps s = 0, 1, ..., groups + kLookahead - 1: step s holds the stats items of group s
+// (s < groups), head by head, then the quantizing items of group s - kLookahead (when that is a group),
 // head by head: its V tiles, K blocks and the Q tiles of its kv_group query heads. step_start(s) is
-// the first ticket of step s; step_start(groups + lookahead) the number of items.
+// the first ticket of step s; step_start(groups + kLookahead) the number of items.
 __device__ __forceinline__ int step_start(const QkvGrid& g, int s) {
   auto heads_before = [&](int groups) { return min(groups * g.group_heads, g.kv_heads); };
   return heads_before(min(s, g.groups)) * g.chunks +
-         heads_before(max(0, min(s - g.lookahead, g.groups))) * g.head_items;
+         heads_before(max(0, min(s - kLookahead, g.groups))) * g.head_items;
 }
 
 // The item of ticket t. Every step holds items, so the step of t is the last s with step_start(s) <= t.
 __device__ __forceinline__ Item item_of(const QkvGrid& g, int t) {
-  int lo = 0, hi = g.groups + g.lookahead;  // step_start(lo) <= t < step_start(hi)
+  int lo = 0, hi = g.groups + kLookahead;  // step_start(lo) <= t < step_start(hi)
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
     if (step_start(g, mid) <= t) {
@@ -521,7 +523,7 @@ __device__ __forceinline__ Item item_of(const QkvGrid& g, int t) {
     if (r < heads * g.chunks) return {ItemKind::kStats, r % g.chunks, head0 + r / g.chunks};
     r -= heads * g.chunks;
   }
-  const int bh = (lo - g.lookahead) * g.group_heads + r / g.head_items;
+  const int bh = (lo - kLookahead) * g.group_heads + r / g.head_items;
   r %= g.head_items;
   if (r < g.v_tiles) return {ItemKind::kV, r, bh};
   r -= g.v_tiles;
@@ -593,7 +595,6 @@ cudaError_t launch(const QuantQkvArgs& a, cudaStream_t stream) {
   g.kv_heads = static_cast<int>(kv_heads);
   g.group_heads = static_cast<int>(group_heads);
   g.groups = static_cast<int>((kv_heads + group_heads - 1) / group_heads);
-  g.lookahead = kLookahead;
   g.head_items = static_cast<int>(head_items);
   int* counters = reinterpret_cast<int*>(a.workspace + counters_offset(kv_heads, g.chunks, D_PAD));
   cudaError_t err = cudaMemsetAsync(counters, 0, counter_ints(kv_heads) * sizeof(int), stream);
