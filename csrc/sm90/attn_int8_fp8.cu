@@ -322,7 +322,8 @@ __device__ __forceinline__ uint32_t xor_row(const float (&x)[kSRegs], int i) {
   return (r[0] ^ r[1]) ^ (r[2] ^ r[3]);
 }
 
-// The SM's id and the global nanosecond timer, for the timestamps below.
+// The SM's id and the global nanosecond timer, for the timestamps below (compiled only with them).
+#if defined(SAGE_SM90_TRACE) || defined(SAGE_SM90_CTA_TIMES)
 __device__ __forceinline__ long long sm_id() {
   unsigned r;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
@@ -333,6 +334,7 @@ __device__ __forceinline__ long long global_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(r));
   return r;
 }
+#endif
 
 // Phase timestamps for bench/trace_sm90.cu, compiled in only with SAGE_SM90_TRACE defined: thread 0 of
 // each consumer warpgroup of the first kTraceCtas CTAs writes clock64() at the events of every step.
