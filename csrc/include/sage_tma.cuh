@@ -1,5 +1,5 @@
 // Tensor Memory Accelerator (TMA, sm_90 and newer): tiled global->shared copies described by a
-// CUtensorMap, completing on an mbarrier (sage_mbarrier.cuh).
+// CUtensorMap, completing on an mbarrier (sage_mbarrier.cuh), and shared->global stores of a box.
 //
 // Host side: make_tensor_map_4d() encodes a map with cuTensorMapEncodeTiled, looked up through
 // the runtime's driver entry point so the extension does not link against libcuda (the driver
@@ -85,6 +85,25 @@ __device__ __forceinline__ void tma_prefetch_l2_4d(const CUtensorMap* map, int c
                    reinterpret_cast<uint64_t>(map)),
                "r"(c0), "r"(c1), "r"(c2), "r"(c3)
                : "memory");
+}
+
+// Copy the box at `src` (shared memory, laid out as the map's swizzle says) to the tensor at coordinates
+// (c0 innermost .. c3), as one bulk group of this thread; elements outside the tensor's extents are not
+// written. The shared memory must not change until tma_store_commit_and_wait_read() has returned; write it, then
+// fence_proxy_async_shared() and a barrier, before the issuing thread calls this.
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, int c3) {
+  const uint32_t src_addr = static_cast<uint32_t>(__cvta_generic_to_shared(src));
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(src_addr), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+
+// Closes this thread's bulk group of stores, then waits until they have read their shared memory (the
+// writes to global memory complete on their own, visible once the grid has ended).
+__device__ __forceinline__ void tma_store_commit_and_wait_read() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
 
 }  // namespace sage

@@ -21,7 +21,8 @@ constexpr int kSm90KeyPermuteGroup = 16;
 
 // Query/key tensors are [B, H, N, d_pad] with a unit last stride; strides are in elements (= bytes
 // for the 8-bit tensors). TMA needs the base and the three outer strides in bytes to be multiples
-// of 16, which bindings.cpp checks.
+// of 16, which bindings.cpp checks; the output is written by TMA too (its base and strides in bytes
+// multiples of 16: the op allocates it so), else the launch returns cudaErrorInvalidValue.
 struct AttnSm90Args {
   const int8_t* q;           // [B, Hq, Nq, d_pad] INT8, one scale per token
   Strides3 q_strides;
@@ -38,7 +39,7 @@ struct AttnSm90Args {
   Strides3 v_scale_strides;  // (b, h, channel)
   const float* corr;         // [B, Hq, Nq] LSE correction of smooth-K, added to lse; may be null
   Strides3 corr_strides;
-  void* out;                 // [B, Hq, Nq, head_dim] of out_type
+  void* out;                 // [B, Hq, Nq, head_dim] of out_type, unit last stride, 16-byte aligned
   Strides3 out_strides;
   HalfType out_type;
   float* lse;                // [B, Hq, Nq] natural-log LSE; null when not wanted

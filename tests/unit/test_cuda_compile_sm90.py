@@ -13,13 +13,14 @@ Compile checks (skipped without nvcc, or with an nvcc that cannot target sm_90a)
   wgmma fence/commit/wait, 4-d TMA tile loads completing on mbarriers, setmaxnreg, the named
   barriers of the ping-pong schedule, ex2.approx.
 * When a cuobjdump is found (next to nvcc, on PATH, or inside the triton package), the SASS holds
-  the Hopper tensor-core instructions: IGMMA (INT8) and QGMMA (FP8) warpgroup MMAs, UTMALDG (TMA),
+  the Hopper tensor-core instructions: IGMMA (INT8) and QGMMA (FP8) warpgroup MMAs, UTMALDG and
+  UTMASTG (TMA),
   USETMAXREG; and, per kernel: no register above the consumers' 240; wgmmas issued in groups, not
   one wait per wgmma; no instruction writing a register of an in-flight wgmma or reading its
   accumulator (a data-flow pass over the SASS control-flow graph); in the overlapped schedules the
   softmax's 64 exp2 sit between the wait for Q·Kᵀ (``WARPGROUP.DEPBAR.LE gsb0, 0x1``) and the wait
-  for P·V, i.e. ptxas did not move the P·V wait above the softmax; named barriers in the ping-pong
-  kernels only.
+  for P·V, i.e. ptxas did not move the P·V wait above the softmax; turn arrivals (named barriers)
+  in the ping-pong kernels only; the output stored by TMA (UTMASTG), no STG but the LSE's.
 
 The flags are the package's nvcc flags from build-matrix.yaml. About 30 s on 2 cores (24 kernels:
 head dim 64/128 x causal x fp16/bf16 output x 3 schedules).
@@ -56,16 +57,19 @@ PTX_EXPECTED = [
     "setmaxnreg.dec.sync.aligned.u32",
     "cvt.rn.satfinite.e4m3x2.f32",
     "ex2.approx.ftz.f32",
-    "bar.sync",  # ping-pong turns (named barriers)
+    "bar.sync",  # ping-pong turns and each consumer warpgroup's output tile (named barriers)
     "griddepcontrol.wait",  # programmatic launch: global accesses wait for the kernel before
     "cp.async.bulk.prefetch.tensor.4d.L2.global.tile",  # the next CTA's Q tile into L2
     "bar.arrive",
+    "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group",  # the output, by TMA stores
+    "cp.async.bulk.wait_group.read",
 ]
 SASS_EXPECTED = [
     "IGMMA.64x128x32.S8.S8",
     "QGMMA.64x136x32.F32.E4M3.E4M3",
     "QGMMA.64x72x32.F32.E4M3.E4M3",
     "UTMALDG.4D",
+    "UTMASTG.4D",
     "USETMAXREG",
 ]
 
@@ -359,12 +363,18 @@ def test_sass_softmax_overlaps_the_pv_wgmma(sm90_sass, source):
 @needs_nvcc
 @pytest.mark.parametrize("source", [p.name for p in SM90_SOURCES])
 def test_sass_named_barriers_only_in_ping_pong(sm90_sass, source):
+    """Turn arrivals (BAR.ARV) in the ping-pong kernels only; the other schedules' one named barrier is
+    the BAR.SYNC that gathers a warpgroup's output tile before its TMA store. The output leaves by TMA
+    (UTMASTG), so the only global stores (STG) are the LSE's, one per row of a thread."""
     for name, code in _kernels(sm90_sass, source).items():
-        turns = [text for _, text in code if re.match(r"BAR\.(ARV|SYNC)\S* R\d+", text)]
+        named = [text for _, text in code if re.match(r"BAR\.(ARV|SYNC)\S* R\d+", text)]
+        arrivals = [t for t in named if t.startswith("BAR.ARV")]
         if schedule_of(name) == "pingpong":
-            assert any(t.startswith("BAR.ARV") for t in turns), f"{name}: no BAR.ARV"
+            assert arrivals, f"{name}: no BAR.ARV"
         else:
-            assert not turns, f"{name}: named barriers {turns[:2]}"
+            assert not arrivals and len(named) == 1, f"{name}: named barriers {named[:3]}"
+        stores = [text for _, text in code if text.startswith("STG")]
+        assert len(stores) <= 2, f"{name}: {len(stores)} global stores besides the TMA store: {stores[:3]}"
 
 
 # --------------------------------------------------------------------------------------------------
