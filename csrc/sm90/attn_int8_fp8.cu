@@ -795,7 +795,8 @@ cudaError_t make_maps(const AttnSm90Args& a, CUtensorMap* tm_q, CUtensorMap* tm_
     const cudaError_t err = make_tensor_map_4d(tm_v, a.vt, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
     if (err != cudaSuccess) return err;
   }
-  // The output, as bytes (2 per element): [B, Hq, Nq, head_dim * 2], boxes of 64 rows x 128 bytes.
+  // The output, as bytes (2 per element, OutPair's types): [B, Hq, Nq, head_dim * 2], boxes of 64 rows
+  // x 128 bytes.
   constexpr int64_t kOutBytes = 2;
   const uint64_t dims[4] = {u(a.head_dim * kOutBytes), u(a.nq), u(a.heads_q), u(a.batch)};
   const uint64_t strides[3] = {u(a.out_strides.n * kOutBytes), u(a.out_strides.h * kOutBytes),
@@ -809,6 +810,7 @@ cudaError_t launch(const AttnSm90Args& args, cudaStream_t stream) {
   CUtensorMap tm_q, tm_k, tm_v, tm_o;
   cudaError_t err = make_maps<D>(args, &tm_q, &tm_k, &tm_v, &tm_o);
   if (err != cudaSuccess) return err;
+  static_assert(sizeof(OutT) == 2, "make_maps describes the output as 2-byte elements");
   auto* kernel = attn_int8_fp8_sm90_kernel<D, kCausal, OutT, kSchedule>;
   constexpr int kSmem = Smem<D>::kAlloc;  // above the 48 KiB default: opt in
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);

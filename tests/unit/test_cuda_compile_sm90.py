@@ -10,14 +10,13 @@ Compile checks (skipped without nvcc, or with an nvcc that cannot target sm_90a)
   serialize (C7513, e.g. a register of an in-flight wgmma written by another instruction) as
   "info", not as a warning.
 * The PTX holds the instructions the kernel is built around: the INT8 and FP8 wgmma shapes,
-  wgmma fence/commit/wait, 4-d TMA tile loads completing on mbarriers, setmaxnreg, the named
-  barriers of the ping-pong schedule, ex2.approx.
+  wgmma fence/commit/wait, 4-d TMA tile loads completing on mbarriers and the output's TMA stores,
+  setmaxnreg, the named barriers (ping-pong turns, each warpgroup's output tile), ex2.approx.
 * When a cuobjdump is found (next to nvcc, on PATH, or inside the triton package), the SASS holds
   the Hopper tensor-core instructions: IGMMA (INT8) and QGMMA (FP8) warpgroup MMAs, UTMALDG and
-  UTMASTG (TMA),
-  USETMAXREG; and, per kernel: no register above the consumers' 240; wgmmas issued in groups, not
-  one wait per wgmma; no instruction writing a register of an in-flight wgmma or reading its
-  accumulator (a data-flow pass over the SASS control-flow graph); in the overlapped schedules the
+  UTMASTG (TMA), USETMAXREG; and, per kernel: no register above the consumers' 240; wgmmas issued
+  in groups, not one wait per wgmma; no instruction writing a register of an in-flight wgmma or
+  reading its accumulator (a data-flow pass over the SASS control-flow graph); in the overlapped schedules the
   softmax's 64 exp2 sit between the wait for Q·Kᵀ (``WARPGROUP.DEPBAR.LE gsb0, 0x1``) and the wait
   for P·V, i.e. ptxas did not move the P·V wait above the softmax; turn arrivals (named barriers)
   in the ping-pong kernels only; the output stored by TMA (UTMASTG), no STG but the LSE's.
@@ -362,7 +361,7 @@ def test_sass_softmax_overlaps_the_pv_wgmma(sm90_sass, source):
 
 @needs_nvcc
 @pytest.mark.parametrize("source", [p.name for p in SM90_SOURCES])
-def test_sass_named_barriers_only_in_ping_pong(sm90_sass, source):
+def test_sass_turns_only_in_ping_pong_and_output_by_tma(sm90_sass, source):
     """Turn arrivals (BAR.ARV) in the ping-pong kernels only; the other schedules' one named barrier is
     the BAR.SYNC that gathers a warpgroup's output tile before its TMA store. The output leaves by TMA
     (UTMASTG), so the only global stores (STG) are the LSE's, one per row of a thread."""
