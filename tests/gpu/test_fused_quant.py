@@ -193,8 +193,15 @@ def test_quant_qkv_sm90_is_bit_exact(dtype, layout, n, d, smooth_k, with_corr):
     _assert_matches_separate_ops(q, k, v, smooth_k, with_corr, outputs)
 
 
-# (b, hq, hkv, nq, nk); the last one's statistics chunks are long enough for the two-launch path
-OTHER_SHAPES = [(1, 24, 24, 4608, 4608), (2, 8, 2, 300, 1000), (1, 2, 1, 900, 33), (1, 2, 1, 2000, 32768)]
+# (b, hq, hkv, nq, nk); the fourth one's statistics take 64 short chunks per head (one launch), the
+# last one's chunks are long enough for the two-launch path
+OTHER_SHAPES = [
+    (1, 24, 24, 4608, 4608),
+    (2, 8, 2, 300, 1000),
+    (1, 2, 1, 900, 33),
+    (1, 4, 2, 300, 16384),
+    (1, 2, 1, 2000, 32768),
+]
 
 
 @pytest.mark.parametrize("b,hq,hkv,nq,nk", OTHER_SHAPES)
@@ -238,12 +245,15 @@ def test_quant_qkv_sm90_keeps_nan_in_v():
 
 @pytest.mark.parametrize("smooth_k,with_corr", [(True, True), (False, False)], ids=["smooth-corr", "plain"])
 @pytest.mark.parametrize(
-    "heads,n,kernels", [(8, 1024, 1), (1, 32768, 2)], ids=["one-launch", "long-stats-chunks"]
+    "heads,n,kernels",
+    [(8, 1024, 1), (2, 16384, 1), (1, 32768, 2)],
+    ids=["one-launch", "short-stats-chunks", "long-stats-chunks"],
 )
 def test_quant_qkv_sm90_launches_a_memset_and_its_kernel(smooth_k, with_corr, heads, n, kernels):
     """One memset (of the kernel's counters in its workspace) and quant_qkv_kernel, nothing else on the
-    GPU: no reduction or elementwise kernel. The kernel runs once, or twice (statistics, then the
-    quantizing items) where a statistics chunk is long (here 1024 tokens of one KV head)."""
+    GPU: no reduction or elementwise kernel. The kernel runs once, also where 64 statistics chunks of
+    256 tokens cover a KV head (n=16384), or twice (statistics, then the quantizing items) where the
+    chunks stay long (here 1024 tokens of one KV head: 256-token chunks would be 128, above 64)."""
     q, k, v = (hnd(1, heads, n, 128, "NHD", torch.bfloat16) for _ in range(3))
     args = _qkv_args(q, k, v, smooth_k, with_corr)
     ops.quant_qkv_sm90(*args)
