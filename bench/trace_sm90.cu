@@ -10,6 +10,7 @@
 // variants (an experiment's #ifndef knobs in attn_int8_fp8.cu, set with -D) can be compared without
 // building a wheel each (bench/variants_sm90.sh). With -DSAGE_SM90_NO_TRACE -DSAGE_SM90_CTA_TIMES it also
 // prints the CTAs' timeline: entry, Q landed, loop and epilogue per CTA, the gaps between CTAs on an SM.
+// Head dim 128; -DSAGE_TRACE_D=64 builds and runs the d=64 kernel instead.
 #ifndef SAGE_SM90_NO_TRACE
 #define SAGE_SM90_TRACE 1
 #endif
@@ -108,7 +109,10 @@ int main(int argc, char** argv) {
   const int heads = argc > 3 ? std::atoi(argv[3]) : 32;
   const bool causal = argc > 4 && std::atoi(argv[4]) != 0;
   const char* json = (argc > 6 && std::strcmp(argv[5], "--json") == 0) ? argv[6] : nullptr;
-  constexpr int D = 128;
+#ifndef SAGE_TRACE_D
+#define SAGE_TRACE_D 128
+#endif
+  constexpr int D = SAGE_TRACE_D;  // head dim (= d_pad): 128, or 64 with -DSAGE_TRACE_D=64
   const int n_pad = (n + 127) / 128 * 128;
   const int64_t qk_elems = int64_t(batch) * heads * n * D, vt_elems = int64_t(batch) * heads * D * n_pad;
   int8_t *q, *k;
