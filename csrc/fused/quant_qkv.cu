@@ -130,9 +130,9 @@ __device__ __forceinline__ uint2 pack8(const int8_t (&q)[kVec]) {
 // Tokens per stats chunk: chunks enough for about kStatsCtas stats items, at most kSpreadChunks of them;
 // shorter ones where a stats item would read more than kStatsItemBytes of K and V (2-byte elements)
 // and at most kMaxChunks of them cover Nk. Short stats items let one launch take every item in ticket
-// groups, whose quantizing items re-read K and V from L2 (at b=4 h=32 n=4096, 309 -> 262 us against
-// 1024-token chunks in two launches; n=16384, 1172 -> 1131; H100). The chunks set the order of
-// k_mean's float32 sums, hence its bits.
+// groups, whose quantizing items re-read K and V from L2 (at b=4 h=32 n=4096, 310 -> 261 us against
+// 1024-token chunks in two launches; n=16384, 1170 -> 1139; H100, bench/NOTES.md). The chunks set the
+// order of k_mean's float32 sums, hence its bits.
 int stats_chunk(int64_t batch, int64_t heads_kv, int64_t nk, int d_pad) {
   const int64_t heads = batch * heads_kv > 0 ? batch * heads_kv : 1;
   int64_t wanted = (kStatsCtas + heads - 1) / heads;
