@@ -41,7 +41,7 @@
 // softmax unless something pins the softmax around it (shared-memory round trips, see the loop).
 //
 // Softmax cost per score (non-masked blocks): I2FP (int32 -> f32, exact below 2^24: |dot| <=
-// 128 x 128^2 = 2^21), 0.6 VIMNMX3 for the row max (over the INT32 scores), one FFMA
+// 128 x 128^2 = 2^21; at D = 64 an integer add instead, see softmax_exp), 0.6 VIMNMX3 for the row max (over the INT32 scores), one FFMA
 // x * (q_scale k_scale) + (log2(448) - m), MUFU.EX2 (ex2.approx.ftz), half an F2FP pack to e4m3,
 // a quarter LOP3 for the anchor (see the loop), plus one FFMA per output element for the
 // promotion; the row sum costs nothing here (tensor cores). 473 SASS instructions per thread and
@@ -118,6 +118,8 @@ constexpr int kPSteps = kBlockN / kWgmmaK;                 // 4 P·V wgmmas (k32
 constexpr int kSumRows = 8;                                // Vᵀ rows of ones: one 8-row group of the wgmma N
 constexpr uint32_t kE4m3One4 = 0x38383838u;                // four e4m3 1.0
 constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kCvtBias = 12582912.0f;   // 1.5 * 2^23: float(kCvtBiasBits + s) = kCvtBias + s, |s| < 2^22
+constexpr int32_t kCvtBiasBits = 0x4B400000;
 constexpr float kLog2Fp8Max = 8.807354922057604f;          // log2(448): exp2(x + this) = 448 exp2(x)
 // Named barrier ids of the ping-pong (0 is __syncthreads'): consumer warpgroup w waits on
 // kTurnBarrier + w before issuing its MMAs, the other warpgroup arrives on it after issuing its own.
@@ -286,19 +288,25 @@ __device__ __forceinline__ void softmax_max(const int32_t (&s)[kSRegs], const fl
   }
 }
 
-template <bool kMask>
+template <bool kMask, bool kBiasCvt>
 __device__ __forceinline__ void softmax_exp(const int32_t (&s)[kSRegs], const float (&scale)[2],
                                             const int (&limit)[2], const float (&shift)[2], float (&x)[kSRegs],
                                             int row_begin, int row_end) {
 #pragma unroll
   for (int i = row_begin; i < row_end; ++i) {
+    // kBiasCvt, unmasked: the score as float by an integer add, v = 1.5 * 2^23 + s exactly (|s| <=
+    // 2^21 < 2^22), the bias taken off by the FFMA's addend (one more rounding, at most 0.75 * scale:
+    // under one unit of the INT8 product).
+    const float addend = kBiasCvt && !kMask ? fmaf(-kCvtBias, scale[i], shift[i]) : shift[i];
 #pragma unroll
     for (int c = 0; c < kSTiles; ++c) {
 #pragma unroll
       for (int e = 2 * i; e < 2 * i + 2; ++e) {
         const int j = 4 * c + e;
-        const float v = kMask ? x[j] : static_cast<float>(s[j]);  // exact: |s| <= 2^21
-        float arg = fmaf(v, scale[i], shift[i]);
+        const float v = kMask      ? x[j]
+                        : kBiasCvt ? __int_as_float(s[j] + kCvtBiasBits)
+                                   : static_cast<float>(s[j]);  // exact: |s| <= 2^21
+        float arg = fmaf(v, scale[i], addend);
         // Masked again after the FFMA: -inf * scale is NaN when the scale is 0 (an all-zero row of
         // Q or block of K), and such a key must still get P = 0.
         if (kMask && 8 * c + (e & 1) > limit[i]) arg = neg_inf();
@@ -400,6 +408,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kPvRegs = (D + kSumRows) / 2;
   constexpr bool kOverlap = kSchedule != Sm90Schedule::kSerial;
   constexpr bool kPingPong = kSchedule == Sm90Schedule::kPingPong;
+  // Scores to float by an integer add (softmax_exp) where the softmax alone bounds the step: at D = 64
+  // 4-6% faster than I2FP, at D = 128 within +-1% (bench/NOTES.md).
+  constexpr bool kBiasCvt = D == 64;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + L::kAtom - 1) &
                                              ~static_cast<uintptr_t>(L::kAtom - 1));
@@ -538,11 +549,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 2; ++i) limit[i] = (kCausal ? min(p.nk - 1, row[i]) : p.nk - 1) - n0 - 2 * quad;
       softmax_max<true>(s, scale, limit, m_run, alpha, shift, x, max_begin, max_end);
-      softmax_exp<true>(s, scale, limit, shift, x, exp_begin, exp_end);
+      softmax_exp<true, kBiasCvt>(s, scale, limit, shift, x, exp_begin, exp_end);
     } else {
       const int limit[2] = {0, 0};  // unused
       softmax_max<false>(s, scale, limit, m_run, alpha, shift, x, max_begin, max_end);
-      softmax_exp<false>(s, scale, limit, shift, x, exp_begin, exp_end);
+      softmax_exp<false, kBiasCvt>(s, scale, limit, shift, x, exp_begin, exp_end);
     }
   };
   // O = O * alpha + O_blk and l = l * alpha + the block's row sums (the pv columns past D, see

@@ -361,6 +361,25 @@ def test_sass_softmax_overlaps_the_pv_wgmma(sm90_sass, source):
 
 @needs_nvcc
 @pytest.mark.parametrize("source", [p.name for p in SM90_SOURCES])
+def test_sass_score_conversion_by_head_dim(sm90_sass, source):
+    """The unmasked softmax turns its INT32 scores into floats by an integer add of 1.5 * 2^23's bit
+    pattern at head dim 64 (64 VIADD per softmax copy, softmax-bound: 4-6% faster) and by I2FP at head
+    dim 128 (where the add measured no faster). Each kernel holds as many unmasked copies of the
+    softmax (64 scores each) as masked ones, and every masked one converts by I2FP."""
+    for name, code in _kernels(sm90_sass, source).items():
+        head_dim = int(re.search(r"kernelILi(\d+)E", name).group(1))
+        adds = sum(bool(re.match(r"VIADD R\d+, R\d+, 0x4b400000$", text)) for _, text in code)
+        i2fp = sum(text.startswith("I2FP.F32.S32") for _, text in code)
+        copies = sum("MUFU.EX2" in text for _, text in code) // 66  # 64 scores and 2 rescales
+        assert copies >= 2, f"{name}: {copies} softmax copies"
+        if head_dim == 64:
+            assert adds == 64 * copies // 2 and i2fp <= 66 * copies // 2, f"{name}: {adds} adds, {i2fp} I2FP"
+        else:
+            assert adds == 0 and i2fp >= 64 * copies, f"{name}: {adds} adds, {i2fp} I2FP"
+
+
+@needs_nvcc
+@pytest.mark.parametrize("source", [p.name for p in SM90_SOURCES])
 def test_sass_turns_only_in_ping_pong_and_output_by_tma(sm90_sass, source):
     """Turn arrivals (BAR.ARV) in the ping-pong kernels only; the other schedules' one named barrier is
     the BAR.SYNC that gathers a warpgroup's output tile before its TMA store. The output leaves by TMA
