@@ -40,14 +40,14 @@
 // every wgmma (C7513), hence the packing after the wait; and ptxas hoists the P·V wait above the
 // softmax unless something pins the softmax around it (shared-memory round trips, see the loop).
 //
-// Softmax cost per score (non-masked blocks): I2FP (int32 -> f32, exact below 2^24: |dot| <=
-// 128 x 128^2 = 2^21; at D = 64 an integer add instead, see softmax_exp), 0.6 VIMNMX3 for the row max (over the INT32 scores), one FFMA
-// x * (q_scale k_scale) + (log2(448) - m), MUFU.EX2 (ex2.approx.ftz), half an F2FP pack to e4m3,
-// a quarter LOP3 for the anchor (see the loop), plus one FFMA per output element for the
-// promotion; the row sum costs nothing here (tensor cores). 473 SASS instructions per thread and
-// block at D = 128 (the sequential version before this one: 796, 925 causal, with a multiply for
-// the scale, a subtract, a multiply by 448 and the mask's compare and select on every score of every
-// block). Folding the
+// Softmax cost per score (non-masked blocks): I2FP (int32 -> f32, exact below 2^24: |dot| <= 128 x
+// 128^2 = 2^21; at D = 64 an integer add instead, see softmax_exp), 0.6 VIMNMX3 for the row max
+// (over the INT32 scores), one FFMA x * (q_scale k_scale) + (log2(448) - m), MUFU.EX2
+// (ex2.approx.ftz), half an F2FP pack to e4m3, a quarter LOP3 for the anchor (see the loop), plus
+// one FFMA per output element for the promotion; the row sum costs nothing here (tensor cores). 473
+// SASS instructions per thread and block at D = 128 (the sequential version before this one: 796,
+// 925 causal, with a multiply for the scale, a subtract, a multiply by 448 and the mask's compare
+// and select on every score of every block). Folding the
 // 448 of the FP8 range into the exponent makes exp2 return 448 P directly; the row sum is then
 // 448 l, and the end divides by it (the reference divides by l * 448). The extra rounding (one FFMA
 // instead of a multiply, a subtract and a multiply) moves the exponent by a few float32 ulps, the
@@ -118,8 +118,8 @@ constexpr int kPSteps = kBlockN / kWgmmaK;                 // 4 P·V wgmmas (k32
 constexpr int kSumRows = 8;                                // Vᵀ rows of ones: one 8-row group of the wgmma N
 constexpr uint32_t kE4m3One4 = 0x38383838u;                // four e4m3 1.0
 constexpr float kLn2 = 0.6931471805599453f;
-constexpr float kCvtBias = 12582912.0f;   // 1.5 * 2^23: float(kCvtBiasBits + s) = kCvtBias + s, |s| < 2^22
-constexpr int32_t kCvtBiasBits = 0x4B400000;
+constexpr float kCvtBias = 12582912.0f;                   // 1.5 * 2^23, a float whose bits are:
+constexpr int32_t kCvtBiasBits = 0x4B400000;               // float bits of kCvtBias + s for |s| < 2^22
 constexpr float kLog2Fp8Max = 8.807354922057604f;          // log2(448): exp2(x + this) = 448 exp2(x)
 // Named barrier ids of the ping-pong (0 is __syncthreads'): consumer warpgroup w waits on
 // kTurnBarrier + w before issuing its MMAs, the other warpgroup arrives on it after issuing its own.
