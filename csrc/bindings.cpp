@@ -17,8 +17,8 @@
 
 #include "sage_types.h"
 
-#ifdef SAGEATTN_FAMILY_FUSED
-#include "fused/quant.h"
+#if defined(SAGEATTN_FAMILY_FUSED) || defined(SAGEATTN_FAMILY_SM90)
+#include "fused/quant.h"  // the sm90 module holds quant_qkv.cu too (attn_sm90, build-matrix.yaml)
 #endif
 #ifdef SAGEATTN_FAMILY_SM80
 #include <string>
@@ -109,6 +109,58 @@ template <typename Args>
               "d_pad must be 32, 64 or 128 and at least the head dim ", head_dim, ", got ", d_pad);
 }
 
+#if defined(SAGEATTN_FAMILY_FUSED) || defined(SAGEATTN_FAMILY_SM90)
+// The inputs of quant_qkv_sm90 (and of attn_sm90, which quantizes the same way), checked: the argument
+// struct with the inputs, sizes and options set and every output pointer null.
+sage::QuantQkvArgs qkv_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool smooth_k,
+                              double sm_scale, double scale_mul, int64_t d_pad, bool with_corr) {
+  check_input(q, "q");
+  check_input(k, "k");
+  check_input(v, "v");
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+              "q, k and v must share one dtype, got ", q.scalar_type(), ", ", k.scalar_type(), " and ",
+              v.scalar_type());
+  TORCH_CHECK(k.device() == q.device() && v.device() == q.device(), "q, k and v must be on one device, got ",
+              q.device(), ", ", k.device(), " and ", v.device());
+  const int64_t b = q.size(0), hq = q.size(1), nq = q.size(2), head_dim = q.size(3);
+  const int64_t hkv = k.size(1), nk = k.size(2);
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == b && k.size(3) == head_dim, "k ", k.sizes(), " and v ",
+              v.sizes(), " must be [B, Hkv, Nk, D] = [", b, ", Hkv, Nk, ", head_dim, "]");
+  TORCH_CHECK(hkv >= 1 && hq % hkv == 0, "the query heads (", hq, ") must be a multiple of the KV heads (", hkv, ")");
+  TORCH_CHECK(d_pad == 64 || d_pad == 128, "d_pad must be 64 or 128, got ", d_pad);
+  TORCH_CHECK(head_dim % 8 == 0 && head_dim >= 8 && head_dim <= d_pad, "the head dim D = ", head_dim,
+              " must be a multiple of 8 and at most d_pad ", d_pad);
+  TORCH_CHECK(nk >= 1, "k and v must hold at least one key");
+  TORCH_CHECK(nq < (int64_t{1} << 31) - 1024 && nk < (int64_t{1} << 31) - 1024,
+              "sequence lengths must be below 2^31 - 1024");
+  TORCH_CHECK(b <= 65535 && hkv <= 65535, "B and Hkv must be at most 65535, got ", b, " and ", hkv);
+  TORCH_CHECK(!with_corr || smooth_k, "with_corr needs smooth_k (the correction is q . k_mean)");
+  sage::QuantQkvArgs args{};
+  args.q = q.data_ptr();
+  args.k = k.data_ptr();
+  args.v = v.data_ptr();
+  args.type = half_type(q);
+  args.q_strides = strides(q);
+  args.k_strides = strides(k);
+  args.v_strides = strides(v);
+  set_sizes(args, b, hq, hkv, nq, nk, head_dim, d_pad);
+  args.n_pad = static_cast<int>((nk + sage::kQkvKeyGroup - 1) / sage::kQkvKeyGroup * sage::kQkvKeyGroup);
+  args.smooth_k = smooth_k;
+  args.sm_scale = static_cast<float>(sm_scale);
+  args.scale_mul = static_cast<float>(scale_mul);
+  return args;
+}
+
+// The extents of quant_qkv_sm90's outputs, from its checked arguments.
+struct QkvSizes {
+  int64_t b, hq, hkv, nq, nk, head_dim, d_pad, n_pad, key_blocks, workspace_floats;
+  explicit QkvSizes(const sage::QuantQkvArgs& a)
+      : b(a.batch), hq(a.heads_q), hkv(a.heads_kv), nq(a.nq), nk(a.nk), head_dim(a.head_dim), d_pad(a.d_pad),
+        n_pad(a.n_pad), key_blocks((a.nk + sage::kQkvKeyBlock - 1) / sage::kQkvKeyBlock),
+        workspace_floats(sage::quant_qkv_workspace_floats(a.batch, a.heads_kv, a.nk, a.d_pad)) {}
+};
+#endif
+
 #ifdef SAGEATTN_FAMILY_FUSED
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_q_per_token(const at::Tensor& q,
                                                                  const std::optional<at::Tensor>& k_mean,
@@ -190,54 +242,19 @@ at::Tensor quant_v_fp8(const at::Tensor& v, const at::Tensor& v_amax, int64_t d_
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 quant_qkv_sm90(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool smooth_k, double sm_scale,
                double scale_mul, int64_t d_pad, bool with_corr) {
-  check_input(q, "q");
-  check_input(k, "k");
-  check_input(v, "v");
-  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
-              "q, k and v must share one dtype, got ", q.scalar_type(), ", ", k.scalar_type(), " and ",
-              v.scalar_type());
-  TORCH_CHECK(k.device() == q.device() && v.device() == q.device(), "q, k and v must be on one device, got ",
-              q.device(), ", ", k.device(), " and ", v.device());
-  const int64_t b = q.size(0), hq = q.size(1), nq = q.size(2), head_dim = q.size(3);
-  const int64_t hkv = k.size(1), nk = k.size(2);
-  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == b && k.size(3) == head_dim, "k ", k.sizes(), " and v ",
-              v.sizes(), " must be [B, Hkv, Nk, D] = [", b, ", Hkv, Nk, ", head_dim, "]");
-  TORCH_CHECK(hkv >= 1 && hq % hkv == 0, "the query heads (", hq, ") must be a multiple of the KV heads (", hkv, ")");
-  TORCH_CHECK(d_pad == 64 || d_pad == 128, "d_pad must be 64 or 128, got ", d_pad);
-  TORCH_CHECK(head_dim % 8 == 0 && head_dim >= 8 && head_dim <= d_pad, "the head dim D = ", head_dim,
-              " must be a multiple of 8 and at most d_pad ", d_pad);
-  TORCH_CHECK(nk >= 1, "k and v must hold at least one key");
-  TORCH_CHECK(nq < (int64_t{1} << 31) - 1024 && nk < (int64_t{1} << 31) - 1024,
-              "sequence lengths must be below 2^31 - 1024");
-  TORCH_CHECK(b <= 65535 && hkv <= 65535, "B and Hkv must be at most 65535, got ", b, " and ", hkv);
-  TORCH_CHECK(!with_corr || smooth_k, "with_corr needs smooth_k (the correction is q . k_mean)");
+  sage::QuantQkvArgs args = qkv_inputs(q, k, v, smooth_k, sm_scale, scale_mul, d_pad, with_corr);
   const c10::cuda::CUDAGuard guard(q.device());
-  const int64_t n_pad = (nk + sage::kQkvKeyGroup - 1) / sage::kQkvKeyGroup * sage::kQkvKeyGroup;
+  const QkvSizes n(args);
   const auto f32 = q.options().dtype(at::kFloat);
-  auto q_int8 = at::empty({b, hq, nq, d_pad}, q.options().dtype(at::kChar));
-  auto q_scale = at::empty({b, hq, nq}, f32);
-  auto corr = at::empty({with_corr ? b : 0, hq, nq}, f32);
-  auto k_int8 = at::empty({b, hkv, nk, d_pad}, q.options().dtype(at::kChar));
-  auto k_scale = at::empty({b, hkv, (nk + sage::kQkvKeyBlock - 1) / sage::kQkvKeyBlock}, f32);
-  auto vt = at::empty({b, hkv, d_pad, n_pad}, q.options().dtype(at::kFloat8_e4m3fn));
-  auto v_scale = at::empty({b, hkv, head_dim}, f32);
-  auto k_mean = smooth_k ? at::empty({b, hkv, head_dim}, f32) : at::empty({0}, f32);
-  auto workspace = at::empty({sage::quant_qkv_workspace_floats(static_cast<int>(b), static_cast<int>(hkv),
-                                                               static_cast<int>(nk), static_cast<int>(d_pad))},
-                             f32);
-  sage::QuantQkvArgs args{};
-  args.q = q.data_ptr();
-  args.k = k.data_ptr();
-  args.v = v.data_ptr();
-  args.type = half_type(q);
-  args.q_strides = strides(q);
-  args.k_strides = strides(k);
-  args.v_strides = strides(v);
-  set_sizes(args, b, hq, hkv, nq, nk, head_dim, d_pad);
-  args.n_pad = static_cast<int>(n_pad);
-  args.smooth_k = smooth_k;
-  args.sm_scale = static_cast<float>(sm_scale);
-  args.scale_mul = static_cast<float>(scale_mul);
+  auto q_int8 = at::empty({n.b, n.hq, n.nq, d_pad}, q.options().dtype(at::kChar));
+  auto q_scale = at::empty({n.b, n.hq, n.nq}, f32);
+  auto corr = at::empty({with_corr ? n.b : 0, n.hq, n.nq}, f32);
+  auto k_int8 = at::empty({n.b, n.hkv, n.nk, d_pad}, q.options().dtype(at::kChar));
+  auto k_scale = at::empty({n.b, n.hkv, n.key_blocks}, f32);
+  auto vt = at::empty({n.b, n.hkv, d_pad, n.n_pad}, q.options().dtype(at::kFloat8_e4m3fn));
+  auto v_scale = at::empty({n.b, n.hkv, n.head_dim}, f32);
+  auto k_mean = smooth_k ? at::empty({n.b, n.hkv, n.head_dim}, f32) : at::empty({0}, f32);
+  auto workspace = at::empty({n.workspace_floats}, f32);
   args.q_int8 = q_int8.data_ptr<int8_t>();
   args.q_scale = q_scale.data_ptr<float>();
   args.corr = with_corr ? corr.data_ptr<float>() : nullptr;
@@ -496,6 +513,36 @@ void check_f32(const at::Tensor& x, const char* name, at::IntArrayRef sizes, con
               x.sizes(), " on ", x.device());
 }
 
+// Allocates out [B, Hq, Nq, D] of out_dtype (memory [B, Nq, Hq, D] when out_nhd) and the LSE ([B, Hq,
+// Nq], or [0] without return_lse) on `like`'s device, completes `args` (operands, sizes and causal
+// set) with them and launches the sm_90a kernel; the caller holds the device guard.
+std::tuple<at::Tensor, at::Tensor> run_attn_sm90(sage::AttnSm90Args& args, const at::Tensor& like,
+                                                 at::ScalarType out_dtype, bool out_nhd, bool return_lse) {
+  int major = 0, minor = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, like.get_device()),
+             "cudaDeviceGetAttribute");
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, like.get_device()),
+             "cudaDeviceGetAttribute");
+  TORCH_CHECK(major == 9 && minor == 0, "the sm_90a attention kernel needs an sm_90 GPU (H100, H200, H20), got sm_",
+              major, minor);
+  const int64_t b = args.batch, hq = args.heads_q, nq = args.nq, head_dim = args.head_dim;
+  const auto out_options = like.options().dtype(out_dtype);
+  at::Tensor out = out_nhd ? at::empty({b, nq, hq, head_dim}, out_options).transpose(1, 2)
+                           : at::empty({b, hq, nq, head_dim}, out_options);
+  const std::vector<int64_t> lse_shape = return_lse ? std::vector<int64_t>{b, hq, nq} : std::vector<int64_t>{0};
+  at::Tensor lse = at::empty(lse_shape, like.options().dtype(at::kFloat));
+  args.out = out.data_ptr();
+  args.out_strides = strides(out);
+  args.out_type = out_dtype == at::kHalf ? sage::HalfType::kFloat16 : sage::HalfType::kBFloat16;
+  if (return_lse) {
+    args.lse = lse.data_ptr<float>();
+    args.lse_strides = strides(lse);
+  }
+  check_cuda(sage::launch_qk_int8_sv_f8_attn_sm90(args, c10::cuda::getCurrentCUDAStream().stream()),
+             "qk_int8_sv_f8_attn_sm90");
+  return {out, lse};
+}
+
 std::tuple<at::Tensor, at::Tensor> qk_int8_sv_f8_attn_sm90(const at::Tensor& q_int8, const at::Tensor& k_int8,
                                                            const at::Tensor& vt_fp8, const at::Tensor& q_scale,
                                                            const at::Tensor& k_scale, const at::Tensor& v_scale,
@@ -535,19 +582,6 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_sv_f8_attn_sm90(const at::Tensor& q_i
               out_dtype);
 
   const c10::cuda::CUDAGuard guard(q_int8.device());
-  int major = 0, minor = 0;
-  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q_int8.get_device()),
-             "cudaDeviceGetAttribute");
-  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, q_int8.get_device()),
-             "cudaDeviceGetAttribute");
-  TORCH_CHECK(major == 9 && minor == 0, "qk_int8_sv_f8_attn_sm90 needs an sm_90 GPU (H100, H200, H20), got sm_",
-              major, minor);
-  const auto out_options = q_int8.options().dtype(out_dtype);
-  at::Tensor out = out_nhd ? at::empty({b, nq, hq, head_dim}, out_options).transpose(1, 2)
-                           : at::empty({b, hq, nq, head_dim}, out_options);
-  const std::vector<int64_t> lse_shape = return_lse ? std::vector<int64_t>{b, hq, nq} : std::vector<int64_t>{0};
-  at::Tensor lse = at::empty(lse_shape, q_int8.options().dtype(at::kFloat));
-
   sage::AttnSm90Args args{};
   args.q = q_int8.data_ptr<int8_t>();
   args.q_strides = strides(q_int8);
@@ -566,20 +600,77 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_sv_f8_attn_sm90(const at::Tensor& q_i
     args.corr = corr->data_ptr<float>();
     args.corr_strides = strides(*corr);
   }
-  args.out = out.data_ptr();
-  args.out_strides = strides(out);
-  args.out_type = out_dtype == at::kHalf ? sage::HalfType::kFloat16 : sage::HalfType::kBFloat16;
-  if (return_lse) {
-    args.lse = lse.data_ptr<float>();
-    args.lse_strides = strides(lse);
-  }
   set_sizes(args, b, hq, hkv, nq, nk, head_dim, d_pad);
   args.causal = is_causal;
-  check_cuda(sage::launch_qk_int8_sv_f8_attn_sm90(args, c10::cuda::getCurrentCUDAStream().stream()),
-             "qk_int8_sv_f8_attn_sm90");
-  return {out, lse};
+  return run_attn_sm90(args, q_int8, out_dtype, out_nhd, return_lse);
+}
+
+// The whole sm_90a call in one op: quant_qkv_sm90 (d_pad = 64 for D <= 64, else 128; with_corr =
+// return_lse and smooth_k) with its outputs in one scratch buffer, then qk_int8_sv_f8_attn_sm90 on
+// them, out of q's dtype. The same kernels on the same data as the two ops, so the same bits, with
+// one allocation for the intermediates instead of nine and none of them handed to Python. Returns
+// (out, lse) as qk_int8_sv_f8_attn_sm90.
+std::tuple<at::Tensor, at::Tensor> attn_sm90(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                             bool is_causal, double sm_scale, double scale_mul, bool smooth_k,
+                                             bool return_lse, bool out_nhd) {
+  TORCH_CHECK(q.dim() == 4, "q must be [B, H, N, D], got ", q.dim(), " dimensions");
+  const int64_t d_pad = q.size(3) <= 64 ? 64 : 128;
+  const bool with_corr = return_lse && smooth_k;
+  sage::QuantQkvArgs qa = qkv_inputs(q, k, v, smooth_k, sm_scale, scale_mul, d_pad, with_corr);
+  const c10::cuda::CUDAGuard guard(q.device());
+  const QkvSizes n(qa);
+  // The intermediates' offsets in one byte buffer, each 256-byte aligned (TMA needs 16).
+  int64_t total = 0;
+  const auto place = [&total](int64_t bytes) {
+    const int64_t at = total;
+    total += (bytes + 255) / 256 * 256;
+    return at;
+  };
+  const int64_t q_rows = n.b * n.hq * n.nq, k_rows = n.b * n.hkv * n.nk, kv_heads = n.b * n.hkv;
+  const int64_t o_q = place(q_rows * d_pad), o_qs = place(q_rows * 4), o_corr = place(with_corr ? q_rows * 4 : 0);
+  const int64_t o_k = place(k_rows * d_pad), o_ks = place(kv_heads * n.key_blocks * 4);
+  const int64_t o_vt = place(kv_heads * d_pad * n.n_pad), o_vs = place(kv_heads * n.head_dim * 4);
+  const int64_t o_km = place(smooth_k ? kv_heads * n.head_dim * 4 : 0), o_ws = place(n.workspace_floats * 4);
+  const at::Tensor scratch = at::empty({total}, q.options().dtype(at::kByte));
+  uint8_t* base = scratch.data_ptr<uint8_t>();
+  const auto f32_at = [base](int64_t offset) { return reinterpret_cast<float*>(base + offset); };
+  qa.q_int8 = reinterpret_cast<int8_t*>(base + o_q);
+  qa.q_scale = f32_at(o_qs);
+  qa.corr = with_corr ? f32_at(o_corr) : nullptr;
+  qa.k_int8 = reinterpret_cast<int8_t*>(base + o_k);
+  qa.k_scale = f32_at(o_ks);
+  qa.vt = base + o_vt;
+  qa.v_scale = f32_at(o_vs);
+  qa.k_mean = smooth_k ? f32_at(o_km) : nullptr;
+  qa.workspace = f32_at(o_ws);
+  check_cuda(sage::launch_quant_qkv_sm90(qa, c10::cuda::getCurrentCUDAStream().stream()),
+             "attn_sm90 (quantization)");
+
+  // The attention on the contiguous intermediates (strides in elements: bytes for the 8-bit ones).
+  sage::AttnSm90Args args{};
+  args.q = qa.q_int8;
+  args.q_strides = {n.hq * n.nq * d_pad, n.nq * d_pad, d_pad};
+  args.k = qa.k_int8;
+  args.k_strides = {n.hkv * n.nk * d_pad, n.nk * d_pad, d_pad};
+  args.vt = qa.vt;
+  args.vt_strides = {n.hkv * d_pad * n.n_pad, d_pad * n.n_pad, n.n_pad};
+  args.n_pad = qa.n_pad;
+  args.q_scale = qa.q_scale;
+  args.q_scale_strides = {n.hq * n.nq, n.nq, 1};
+  args.k_scale = qa.k_scale;
+  args.k_scale_strides = {n.hkv * n.key_blocks, n.key_blocks, 1};
+  args.v_scale = qa.v_scale;
+  args.v_scale_strides = {n.hkv * n.head_dim, n.head_dim, 1};
+  if (with_corr) {
+    args.corr = qa.corr;
+    args.corr_strides = args.q_scale_strides;
+  }
+  set_sizes(args, n.b, n.hq, n.hkv, n.nq, n.nk, n.head_dim, d_pad);
+  args.causal = is_causal;
+  return run_attn_sm90(args, q, q.scalar_type(), out_nhd, return_lse);
 }
 #endif
+
 
 }  // namespace
 
@@ -632,7 +723,13 @@ TORCH_LIBRARY_FRAGMENT(sageattention, m) {
       "qk_int8_sv_f8_attn_sm90(Tensor q_int8, Tensor k_int8, Tensor vt_fp8, Tensor q_scale, Tensor k_scale, "
       "Tensor v_scale, Tensor? corr, bool is_causal, bool return_lse, ScalarType out_dtype, bool out_nhd) "
       "-> (Tensor, Tensor)");
+  m.def(
+      "attn_sm90(Tensor q, Tensor k, Tensor v, bool is_causal, float sm_scale, float scale_mul, bool smooth_k, "
+      "bool return_lse, bool out_nhd) -> (Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(sageattention, CUDA, m) { m.impl("qk_int8_sv_f8_attn_sm90", &qk_int8_sv_f8_attn_sm90); }
+TORCH_LIBRARY_IMPL(sageattention, CUDA, m) {
+  m.impl("qk_int8_sv_f8_attn_sm90", &qk_int8_sv_f8_attn_sm90);
+  m.impl("attn_sm90", &attn_sm90);
+}
 #endif

@@ -21,6 +21,9 @@ Ops covered:
   sm_90a. Returns ``out`` [B, Hq, Nq, D] of ``out_dtype`` (D = ``v_scale.shape[-1]``), whose memory
   is [B, Nq, Hq, D] when ``out_nhd``, and the float32 LSE [B, Hq, Nq] (an empty tensor without
   ``return_lse``).
+* ``sageattention::attn_sm90`` (``sageattention._qattn_sm90``): the whole sm_90a call from Q, K and V
+  (``quant_qkv_sm90``, then ``qk_int8_sv_f8_attn_sm90``). Returns as that op, ``out`` of q's dtype
+  and head dim.
 """
 
 from __future__ import annotations
@@ -172,6 +175,11 @@ def _fake_qk_int8_sv_f8_attn_sm90(
     return out, lse
 
 
+def _fake_attn_sm90(q, k, v, is_causal, sm_scale, scale_mul, smooth_k, return_lse, out_nhd):
+    b, hq, nq, d = q.shape
+    return _attn_outputs(q, b, hq, nq, d, q.dtype, out_nhd, return_lse)
+
+
 def _register_sm90() -> None:
     if _SM90_MODULE in _registered:
         return
@@ -182,6 +190,7 @@ def _register_sm90() -> None:
         _reasons[_SM90_MODULE] = f"{type(exc).__name__}: {exc}"
         return
     torch.library.register_fake("sageattention::qk_int8_sv_f8_attn_sm90")(_fake_qk_int8_sv_f8_attn_sm90)
+    torch.library.register_fake("sageattention::attn_sm90")(_fake_attn_sm90)
     _registered[_SM90_MODULE] = True
 
 

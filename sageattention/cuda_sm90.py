@@ -1,8 +1,12 @@
-"""Launcher of the sm_90a CUDA attention kernel (csrc/sm90, op ``sageattention::qk_int8_sv_f8_attn_sm90``).
+"""Launcher of the sm_90a CUDA attention kernel (csrc/sm90).
 
-One call quantizes Q, K and V with one compiled fused op, ``quant_qkv_sm90`` (csrc/fused/quant_qkv.cu:
-one kernel launch, two for long sequences, whose CTAs first take per-chunk statistics of K and V and
-then quantize all three), and attends:
+One op, ``sageattention::attn_sm90``, runs the whole call: it quantizes Q, K and V with the fused
+quantization (csrc/fused/quant_qkv.cu: one kernel launch, two for long sequences, whose CTAs first take
+per-chunk statistics of K and V and then quantize all three) into one scratch buffer, and attends with
+``qk_int8_sv_f8_attn_sm90``. It gives the bits of the two ops ``quant_qkv_sm90`` and
+``qk_int8_sv_f8_attn_sm90`` called one after the other (tests/gpu/test_cuda_kernels.py checks it), with
+one allocation for the intermediates and none of them handed to Python (a shorter host path: small
+shapes are bound by it). The quantization:
 
 * Q: INT8 per token, its scale carrying ``sm_scale * log2(e)`` (as ``quant_q_per_token``);
 * K: minus its mean over tokens (smooth-K, when asked), INT8 per block of 128 keys (as
@@ -45,20 +49,12 @@ def attention_sm90(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool,
     (natural log, including the smooth-K correction) or None.
     """
     cuda_common.check_qkv(q, k, v)
-    d_pad = cuda_common.d_pad(q.shape[-1])
     cuda_common.load_extensions("sm90")
-    ops = torch.ops.sageattention
-
-    with_corr = return_lse and smooth_k
     scale_mul = sm_scale * LOG2E / INT8_MAX
-    # K's scales cover KEY_BLOCK keys each; Vᵀ's keys are padded to a multiple of 16 (quant.h).
-    qq, q_scale, corr, kq, k_scale, vt, v_scale, _ = ops.quant_qkv_sm90(
-        q, k, v, smooth_k, sm_scale, scale_mul, d_pad, with_corr
-    )
-
-    corr = corr if with_corr else None
     out_nhd = q.stride(1) < q.stride(2)  # NHD memory in, NHD memory out
-    out, lse = ops.qk_int8_sv_f8_attn_sm90(
-        qq, kq, vt, q_scale, k_scale, v_scale, corr, is_causal, return_lse, q.dtype, out_nhd
+    # d_pad (cuda_common.d_pad), the LSE correction (return_lse and smooth_k), K's scales per KEY_BLOCK
+    # keys and Vᵀ's key padding (a multiple of 16) are the op's own (csrc/bindings.cpp, attn_sm90).
+    out, lse = torch.ops.sageattention.attn_sm90(
+        q, k, v, is_causal, sm_scale, scale_mul, smooth_k, return_lse, out_nhd
     )
     return out, (lse if return_lse else None)

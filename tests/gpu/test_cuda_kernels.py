@@ -545,8 +545,57 @@ def test_launcher_compiles_without_graph_breaks(sage_backend, metrics, mma):
 
 
 # --------------------------------------------------------------------------------------------------
-# The sm90 kernel: the permuted FP8 V it reads (quant_v_fp8(..., permute_keys=True)), bit for bit, and
-# its schedules
+# The sm90 kernel: the launcher's one op against the two it combines, the permuted FP8 V it reads
+# (quant_v_fp8(..., permute_keys=True)), bit for bit, and its schedules
+
+
+def _two_ops_sm90(q, k, v, *, is_causal, sm_scale, smooth_k, return_lse):
+    """The sm_90a call as two ops: quant_qkv_sm90, then qk_int8_sv_f8_attn_sm90."""
+    d_pad = 64 if q.shape[-1] <= 64 else 128
+    with_corr = return_lse and smooth_k
+    qq, qs, corr, kq, ks, vt, vs, _ = ops.quant_qkv_sm90(
+        q, k, v, smooth_k, sm_scale, sm_scale * LOG2E / 127, d_pad, with_corr
+    )
+    out_nhd = q.stride(1) < q.stride(2)
+    corr = corr if with_corr else None
+    return ops.qk_int8_sv_f8_attn_sm90(qq, kq, vt, qs, ks, vs, corr, is_causal, return_lse, q.dtype, out_nhd)
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize(
+    "causal,return_lse,smooth_k", [(False, False, True), (True, True, True), (False, True, False)],
+    ids=["full", "causal-lse", "lse-unsmoothed"],
+)  # fmt: skip
+@pytest.mark.parametrize(
+    "dtype,hq,hkv,n,d",
+    [(torch.bfloat16, 4, 4, 1, 128), (torch.float16, 8, 2, 113, 64), (torch.bfloat16, 4, 1, 1000, 72),
+     (torch.float16, 2, 2, 4095, 128)],
+    ids=["n1", "gqa-d64", "mqa-d72", "n4095"],
+)  # fmt: skip
+@on(SM90)
+def test_launcher_op_gives_the_two_ops_bits(
+    sage_backend, mma, layout, causal, return_lse, smooth_k, dtype, hq, hkv, n, d
+):
+    """attention_sm90's one op (attn_sm90: the intermediates in one scratch buffer) returns exactly what
+    quant_qkv_sm90 and qk_int8_sv_f8_attn_sm90 give, output memory layout included."""
+    q = mma.make(2, hq, n, d, layout, dtype, 51)
+    k, v = (mma.make(2, hkv, n, d, layout, dtype, s) for s in (52, 53))
+    args = {"is_causal": causal, "sm_scale": d**-0.5, "smooth_k": smooth_k, "return_lse": return_lse}
+    out, lse = cuda_sm90.attention_sm90(q, k, v, **args)
+    ref, ref_lse = _two_ops_sm90(q, k, v, **args)
+    assert out.dtype == dtype and out.stride() == ref.stride() and torch.equal(out, ref)
+    assert (lse is None) != return_lse and (lse is None or torch.equal(lse, ref_lse))
+
+
+@on(SM90)
+def test_launcher_op_fake_implementation_matches(sage_backend, mma):
+    extension = KERNELS[SM90].extension
+    assert cuda_ops.registered(extension), cuda_ops.unavailable_reason(extension)
+    q = mma.make(1, 4, 130, 96, "NHD", torch.bfloat16, 54)
+    k, v = (mma.make(1, 2, 130, 96, "NHD", torch.bfloat16, s) for s in (55, 56))
+    for causal, lse in ((True, True), (False, False)):
+        args = (q, k, v, causal, 0.1, 0.1 * LOG2E / 127, True, lse, True)
+        torch.library.opcheck(ops.attn_sm90.default, args, test_utils=("test_faketensor",))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
