@@ -605,16 +605,14 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_sv_f8_attn_sm90(const at::Tensor& q_i
   return run_attn_sm90(args, q_int8, out_dtype, out_nhd, return_lse);
 }
 
-// The whole sm_90a call in one op: quant_qkv_sm90 (d_pad = 64 for D <= 64, else 128; with_corr =
-// return_lse and smooth_k) with its outputs in one scratch buffer, then qk_int8_sv_f8_attn_sm90 on
+// The whole sm_90a call in one op: quant_qkv_sm90 (with_corr = return_lse and smooth_k) with its
+// outputs in one scratch buffer, then qk_int8_sv_f8_attn_sm90 on
 // them, out of q's dtype. The same kernels on the same data as the two ops, so the same bits, with
 // one allocation for the intermediates instead of nine and none of them handed to Python. Returns
 // (out, lse) as qk_int8_sv_f8_attn_sm90.
 std::tuple<at::Tensor, at::Tensor> attn_sm90(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                             bool is_causal, double sm_scale, double scale_mul, bool smooth_k,
-                                             bool return_lse, bool out_nhd) {
-  TORCH_CHECK(q.dim() == 4, "q must be [B, H, N, D], got ", q.dim(), " dimensions");
-  const int64_t d_pad = q.size(3) <= 64 ? 64 : 128;
+                                             bool is_causal, double sm_scale, double scale_mul, int64_t d_pad,
+                                             bool smooth_k, bool return_lse, bool out_nhd) {
   const bool with_corr = return_lse && smooth_k;
   sage::QuantQkvArgs qa = qkv_inputs(q, k, v, smooth_k, sm_scale, scale_mul, d_pad, with_corr);
   const c10::cuda::CUDAGuard guard(q.device());
@@ -724,8 +722,8 @@ TORCH_LIBRARY_FRAGMENT(sageattention, m) {
       "Tensor v_scale, Tensor? corr, bool is_causal, bool return_lse, ScalarType out_dtype, bool out_nhd) "
       "-> (Tensor, Tensor)");
   m.def(
-      "attn_sm90(Tensor q, Tensor k, Tensor v, bool is_causal, float sm_scale, float scale_mul, bool smooth_k, "
-      "bool return_lse, bool out_nhd) -> (Tensor, Tensor)");
+      "attn_sm90(Tensor q, Tensor k, Tensor v, bool is_causal, float sm_scale, float scale_mul, int d_pad, "
+      "bool smooth_k, bool return_lse, bool out_nhd) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(sageattention, CUDA, m) {

@@ -175,7 +175,7 @@ def _fake_qk_int8_sv_f8_attn_sm90(
     return out, lse
 
 
-def _fake_attn_sm90(q, k, v, is_causal, sm_scale, scale_mul, smooth_k, return_lse, out_nhd):
+def _fake_attn_sm90(q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, return_lse, out_nhd):
     b, hq, nq, d = q.shape
     return _attn_outputs(q, b, hq, nq, d, q.dtype, out_nhd, return_lse)
 

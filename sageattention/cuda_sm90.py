@@ -52,9 +52,10 @@ def attention_sm90(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool,
     cuda_common.load_extensions("sm90")
     scale_mul = sm_scale * LOG2E / INT8_MAX
     out_nhd = q.stride(1) < q.stride(2)  # NHD memory in, NHD memory out
-    # d_pad (cuda_common.d_pad), the LSE correction (return_lse and smooth_k), K's scales per KEY_BLOCK
-    # keys and Vᵀ's key padding (a multiple of 16) are the op's own (csrc/bindings.cpp, attn_sm90).
+    d_pad = cuda_common.d_pad(q.shape[-1])
+    # The LSE correction (return_lse and smooth_k), K's scales per KEY_BLOCK keys and Vᵀ's key padding
+    # (a multiple of 16) are the op's own (csrc/bindings.cpp, attn_sm90).
     out, lse = torch.ops.sageattention.attn_sm90(
-        q, k, v, is_causal, sm_scale, scale_mul, smooth_k, return_lse, out_nhd
+        q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, return_lse, out_nhd
     )
     return out, (lse if return_lse else None)

@@ -118,8 +118,8 @@ constexpr int kPSteps = kBlockN / kWgmmaK;                 // 4 P·V wgmmas (k32
 constexpr int kSumRows = 8;                                // Vᵀ rows of ones: one 8-row group of the wgmma N
 constexpr uint32_t kE4m3One4 = 0x38383838u;                // four e4m3 1.0
 constexpr float kLn2 = 0.6931471805599453f;
-constexpr float kCvtBias = 12582912.0f;                   // 1.5 * 2^23, a float whose bits are:
-constexpr int32_t kCvtBiasBits = 0x4B400000;               // float bits of kCvtBias + s for |s| < 2^22
+constexpr float kCvtBias = 12582912.0f;                   // 1.5 * 2^23
+constexpr int32_t kCvtBiasBits = 0x4B400000;               // its bits; + s: float kCvtBias + s (|s| < 2^22)
 constexpr float kLog2Fp8Max = 8.807354922057604f;          // log2(448): exp2(x + this) = 448 exp2(x)
 // Named barrier ids of the ping-pong (0 is __syncthreads'): consumer warpgroup w waits on
 // kTurnBarrier + w before issuing its MMAs, the other warpgroup arrives on it after issuing its own.

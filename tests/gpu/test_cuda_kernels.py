@@ -72,7 +72,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from sageattention import cuda_ops, cuda_sm80, cuda_sm89, cuda_sm90  # cuda_ops registers the fakes
+from sageattention import cuda_common, cuda_ops, cuda_sm80, cuda_sm89, cuda_sm90  # cuda_ops registers fakes
 from sageattention.quant import LOG2E, PVDtype
 from sageattention.reference import attention_ref, permute_keys_sm90, quantize_v_fp8_ref, sage_ref
 
@@ -551,7 +551,7 @@ def test_launcher_compiles_without_graph_breaks(sage_backend, metrics, mma):
 
 def _two_ops_sm90(q, k, v, *, is_causal, sm_scale, smooth_k, return_lse):
     """The sm_90a call as two ops: quant_qkv_sm90, then qk_int8_sv_f8_attn_sm90."""
-    d_pad = 64 if q.shape[-1] <= 64 else 128
+    d_pad = cuda_common.d_pad(q.shape[-1])
     with_corr = return_lse and smooth_k
     qq, qs, corr, kq, ks, vt, vs, _ = ops.quant_qkv_sm90(
         q, k, v, smooth_k, sm_scale, sm_scale * LOG2E / 127, d_pad, with_corr
@@ -594,7 +594,7 @@ def test_launcher_op_fake_implementation_matches(sage_backend, mma):
     q = mma.make(1, 4, 130, 96, "NHD", torch.bfloat16, 54)
     k, v = (mma.make(1, 2, 130, 96, "NHD", torch.bfloat16, s) for s in (55, 56))
     for causal, lse in ((True, True), (False, False)):
-        args = (q, k, v, causal, 0.1, 0.1 * LOG2E / 127, True, lse, True)
+        args = (q, k, v, causal, 0.1, 0.1 * LOG2E / 127, 128, True, lse, True)
         torch.library.opcheck(ops.attn_sm90.default, args, test_utils=("test_faketensor",))
 
 
