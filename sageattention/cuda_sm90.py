@@ -23,7 +23,7 @@ It computes what ``sage_ref(q, k, v, pv=PVDtype.FP8, block_m=1, block_n=128, row
 computes.
 
 The kernel has three schedules of the same arithmetic (``csrc/sm90/attn.h``, ``Sm90Schedule``):
-``serial``, ``overlap`` and ``pingpong`` (the default). The environment variable
+``serial``, ``overlap`` (the default) and ``pingpong``. The environment variable
 ``SAGEATTN_SM90_SCHEDULE`` names another one; the kernel's launcher reads it at every call, so a
 benchmark can compare them in one process. Any other value makes the op raise ("invalid argument").
 """

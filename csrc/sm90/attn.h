@@ -51,7 +51,7 @@ struct AttnSm90Args {
 // How each consumer warpgroup orders its two MMAs and the softmax of a key block (attn_int8_fp8.cu).
 // All three run the same instructions on the same data (same arithmetic, same summation order), so
 // they agree bit for bit (tests/gpu/test_cuda_kernels.py checks it); they differ only in what overlaps
-// what. kPingPong is the default; the environment variable
+// what. kOverlap is the default; the environment variable
 // SAGEATTN_SM90_SCHEDULE=serial|overlap|pingpong, read at every launch, picks another one, so one
 // build can time them against each other.
 enum class Sm90Schedule : int {

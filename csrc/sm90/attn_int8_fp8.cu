@@ -30,6 +30,8 @@
 //   kPingPong: kOverlap, and the two consumer warpgroups issue their MMAs in turns (two named
 //     barriers), so one warpgroup's softmax runs while the other's MMAs occupy the tensor cores
 //     instead of both competing for the MUFU and the tensor cores at the same moments.
+//   kOverlap is the default: with the softmax as short as it now is, the turns cost more than they
+//   order (kernel alone, H100: 1-2% faster at D = 128, 1.5-3% at D = 64, causal D = 128 the same).
 // Registers of a consumer thread in the overlapped loop at D = 128: O (64 f32), the in-flight P·V
 // accumulator (68 f32 with the row sums), the scores (64 s32, turned into f32 in place) and P_j in
 // flight (16): 212 + addressing; ptxas fits it in the 240, no spills, because the masked softmax (only
@@ -41,9 +43,9 @@
 // softmax unless something pins the softmax around it (shared-memory round trips, see the loop).
 //
 // Softmax cost per score (non-masked blocks): I2FP (int32 -> f32, exact below 2^24: |dot| <= 128 x
-// 128^2 = 2^21; at D = 64 an integer add instead, see softmax_exp), 0.6 VIMNMX3 for the row max
-// (over the INT32 scores), one FFMA x * (q_scale k_scale) + (log2(448) - m), MUFU.EX2
-// (ex2.approx.ftz), half an F2FP pack to e4m3, a quarter LOP3 for the anchor (see the loop), plus
+// 128^2 = 2^21; at D = 64 and in the causal kernels an integer add instead, see softmax_exp), 0.6
+// VIMNMX3 for the row max (over the INT32 scores), one FFMA x * (q_scale k_scale) + (log2(448) - m),
+// MUFU.EX2 (ex2.approx.ftz), half an F2FP pack to e4m3, a quarter LOP3 for the anchor (see the loop), plus
 // one FFMA per output element for the promotion; the row sum costs nothing here (tensor cores). 473
 // SASS instructions per thread and block at D = 128 (the sequential version before this one: 796,
 // 925 causal, with a multiply for the scale, a subtract, a multiply by 448 and the mask's compare
@@ -408,9 +410,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kPvRegs = (D + kSumRows) / 2;
   constexpr bool kOverlap = kSchedule != Sm90Schedule::kSerial;
   constexpr bool kPingPong = kSchedule == Sm90Schedule::kPingPong;
-  // Scores to float by an integer add (softmax_exp) where the softmax alone bounds the step: at D = 64
-  // 4-6% faster than I2FP, at D = 128 within +-1% (bench/NOTES.md).
-  constexpr bool kBiasCvt = D == 64;
+  // Scores to float by an integer add (softmax_exp) at D = 64, where the softmax alone bounds the step
+  // (4-6% faster than I2FP), and in the causal kernels at D = 128 (1-1.5% faster); the non-causal
+  // D = 128 kernels keep I2FP, 1-3% faster there (bench/NOTES.md).
+  constexpr bool kBiasCvt = D == 64 || kCausal;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + L::kAtom - 1) &
                                              ~static_cast<uintptr_t>(L::kAtom - 1));
@@ -868,13 +871,13 @@ cudaError_t launch_schedule(const AttnSm90Args& args, cudaStream_t stream) {
 // SAGEATTN_SM90_SCHEDULE (attn.h): read at every launch, so a benchmark can switch it between calls.
 bool schedule_from_env(Sm90Schedule* schedule) {
   const char* name = std::getenv("SAGEATTN_SM90_SCHEDULE");
-  *schedule = Sm90Schedule::kPingPong;
+  *schedule = Sm90Schedule::kOverlap;
   if (name == nullptr || name[0] == '\0') return true;
   if (std::strcmp(name, "serial") == 0) {
     *schedule = Sm90Schedule::kSerial;
-  } else if (std::strcmp(name, "overlap") == 0) {
-    *schedule = Sm90Schedule::kOverlap;
-  } else if (std::strcmp(name, "pingpong") != 0) {
+  } else if (std::strcmp(name, "pingpong") == 0) {
+    *schedule = Sm90Schedule::kPingPong;
+  } else if (std::strcmp(name, "overlap") != 0) {
     return false;
   }
   return true;
@@ -900,10 +903,10 @@ cudaError_t launch_qk_int8_sv_f8_attn_sm90(const AttnSm90Args& args, cudaStream_
   switch (schedule) {
     case Sm90Schedule::kSerial:
       return launch_schedule<Sm90Schedule::kSerial>(args, stream);
-    case Sm90Schedule::kOverlap:
-      return launch_schedule<Sm90Schedule::kOverlap>(args, stream);
-    default:
+    case Sm90Schedule::kPingPong:
       return launch_schedule<Sm90Schedule::kPingPong>(args, stream);
+    default:
+      return launch_schedule<Sm90Schedule::kOverlap>(args, stream);
   }
 }
 

@@ -52,7 +52,7 @@ and 0.1 (outliers: the first causal rows see one key, so their LSE is one score 
 error of Q, twice as large with Q x2).
 
 The sm90 kernel has three schedules (csrc/sm90/attn.h, Sm90Schedule; SAGEATTN_SM90_SCHEDULE picks one
-at each launch, default pingpong). They run the same instructions on the same data in different
+at each launch, default overlap). They run the same instructions on the same data in different
 orders, so their outputs must agree bit for bit: a difference means a race (a register or tile read
 before its wgmma or TMA copy completed, or overwritten while one still reads it).
 

@@ -1,0 +1,203 @@
+// How the fused quantization's time scales with the SMs it gets: whether the quantization could run
+// beside the attention on a share of the SMs instead of before it on all of them. The quantization
+// (csrc/fused/quant_qkv.cu) of random bfloat16 Q, K, V runs once alone and then next to a blocker:
+// an attention launch (csrc/sm90) of (SMs - share) long CTAs, one per SM (its shared memory and
+// registers leave no room for a quantization CTA), started first on another stream. The quantization
+// then gets `share` SMs; the blocker is sized to outlast it (checked).
+//
+//   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr --use_fast_math -Icsrc/include -Icsrc bench/quant_sm_share.cu \
+//     csrc/fused/quant_qkv.cu csrc/sm90/attn_int8_fp8.cu -o /tmp/share
+//   /tmp/share n batch heads share...
+// Prints, per share, the quantization's time and its SM-time against the run on every SM.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "fused/quant.h"
+#include "sm90/attn.h"
+
+namespace {
+
+#define CHECK(x)                                                                        \
+  do {                                                                                  \
+    cudaError_t e_ = (x);                                                               \
+    if (e_ != cudaSuccess) {                                                            \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));   \
+      std::exit(1);                                                                     \
+    }                                                                                   \
+  } while (0)
+
+__device__ uint32_t mix(uint64_t i, uint32_t seed) {
+  uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+  x ^= x >> 13;
+  x *= 0x5bd1e995u;
+  return x ^ (x >> 15);
+}
+
+// bfloat16 in [-2, 2): sign, exponent 126..127, random mantissa.
+__global__ void fill_bf16(uint16_t* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint32_t x = mix(i, seed);
+    p[i] = static_cast<uint16_t>((x & 0x8000u) | ((126u + ((x >> 7) & 1u)) << 7) | (x & 0x7fu));
+  }
+}
+
+__global__ void fill_bytes(uint8_t* p, int64_t n, uint32_t seed, uint32_t mask, uint32_t add) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    p[i] = static_cast<uint8_t>((mix(i, seed) & mask) + add);
+  }
+}
+
+__global__ void fill_float(float* p, int64_t n, float v) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) p[i] = v;
+}
+
+__global__ void spin(long long cycles) {
+  const long long t = clock64();
+  while (clock64() - t < cycles) {
+  }
+}
+
+template <typename T>
+T* dev(int64_t n) {
+  T* p;
+  CHECK(cudaMalloc(&p, sizeof(T) * std::max<int64_t>(n, 1)));
+  return p;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace sage;
+  const int n = argc > 1 ? std::atoi(argv[1]) : 4096;
+  const int batch = argc > 2 ? std::atoi(argv[2]) : 4;
+  const int heads = argc > 3 ? std::atoi(argv[3]) : 32;
+  std::vector<int> shares;
+  for (int i = 4; i < argc; ++i) shares.push_back(std::atoi(argv[i]));
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  constexpr int D = 128;
+  const int n_pad = (n + 15) / 16 * 16;
+  const int64_t elems = int64_t(batch) * heads * n * D;
+
+  // The quantization's inputs and outputs.
+  uint16_t *q = dev<uint16_t>(elems), *k = dev<uint16_t>(elems), *v = dev<uint16_t>(elems);
+  fill_bf16<<<1024, 256>>>(q, elems, 1u);
+  fill_bf16<<<1024, 256>>>(k, elems, 2u);
+  fill_bf16<<<1024, 256>>>(v, elems, 3u);
+  QuantQkvArgs a{};
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.type = HalfType::kBFloat16;
+  a.q_strides = a.k_strides = a.v_strides = {int64_t(heads) * n * D, int64_t(n) * D, D};
+  a.batch = batch;
+  a.heads_q = a.heads_kv = heads;
+  a.nq = a.nk = n;
+  a.head_dim = a.d_pad = D;
+  a.n_pad = n_pad;
+  a.smooth_k = true;
+  a.sm_scale = 0.088f;
+  a.scale_mul = 0.088f * 1.4427f / 127.0f;
+  a.q_int8 = dev<int8_t>(elems);
+  a.q_scale = dev<float>(int64_t(batch) * heads * n);
+  a.corr = nullptr;
+  a.k_int8 = dev<int8_t>(elems);
+  a.k_scale = dev<float>(int64_t(batch) * heads * ((n + 127) / 128));
+  a.vt = dev<uint8_t>(int64_t(batch) * heads * D * n_pad);
+  a.v_scale = dev<float>(int64_t(batch) * heads * D);
+  a.k_mean = dev<float>(int64_t(batch) * heads * D);
+  a.workspace = dev<float>(quant_qkv_workspace_floats(batch, heads, n, D));
+
+  cudaStream_t sa, sb;
+  CHECK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));
+  CHECK(cudaStreamCreateWithFlags(&sb, cudaStreamNonBlocking));
+  cudaEvent_t e0, e1, eb;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  CHECK(cudaEventCreate(&eb));
+  for (int i = 0; i < 3; ++i) CHECK(launch_quant_qkv_sm90(a, sb));
+  CHECK(cudaStreamSynchronize(sb));
+  constexpr int kReps = 10;
+  CHECK(cudaEventRecord(e0, sb));
+  for (int i = 0; i < kReps; ++i) CHECK(launch_quant_qkv_sm90(a, sb));
+  CHECK(cudaEventRecord(e1, sb));
+  CHECK(cudaEventSynchronize(e1));
+  float ms_all = 0;
+  CHECK(cudaEventElapsedTime(&ms_all, e0, e1));
+  ms_all /= kReps;
+  std::printf("n=%d b=%d h=%d: quantization on all %d SMs %.1f us\n", n, batch, heads, sms, ms_all * 1e3);
+
+  for (const int share : shares) {
+    if (share < 1 || share >= sms) continue;
+    // The blocker: one CTA per SM on sms - share SMs, each long enough (about 1.1 us per 128-key step)
+    // to outlast the quantization even if its time grew as 1 / share.
+    const double want_us = 3.0 * ms_all * 1e3 * sms / share;
+    const int nk = static_cast<int>(std::min(4.0e6, std::max(8192.0, want_us / 1.1 * 128))) / 128 * 128;
+    const int nq = (sms - share) * 128;
+    int8_t *bq = dev<int8_t>(int64_t(nq) * D), *bk = dev<int8_t>(int64_t(nk) * D);
+    uint8_t* bv = dev<uint8_t>(int64_t(D) * nk);
+    float *bqs = dev<float>(nq), *bks = dev<float>(nk / 128), *bvs = dev<float>(D);
+    void* bo = dev<uint16_t>(int64_t(nq) * D);
+    fill_bytes<<<1024, 256>>>(reinterpret_cast<uint8_t*>(bq), int64_t(nq) * D, 4u, 0xffu, 0u);
+    fill_bytes<<<1024, 256>>>(reinterpret_cast<uint8_t*>(bk), int64_t(nk) * D, 5u, 0xffu, 0u);
+    fill_bytes<<<1024, 256>>>(bv, int64_t(nk) * D, 6u, 0x0fu, 0x30u);
+    fill_float<<<64, 256>>>(bqs, nq, 1e-4f);
+    fill_float<<<64, 256>>>(bks, nk / 128, 1e-3f);
+    fill_float<<<1, 128>>>(bvs, D, 1.0f / 448.0f);
+    AttnSm90Args b{};
+    b.q = bq;
+    b.q_strides = {int64_t(nq) * D, int64_t(nq) * D, D};
+    b.k = bk;
+    b.k_strides = {int64_t(nk) * D, int64_t(nk) * D, D};
+    b.vt = bv;
+    b.vt_strides = {int64_t(D) * nk, int64_t(D) * nk, nk};
+    b.n_pad = nk;
+    b.q_scale = bqs;
+    b.q_scale_strides = {nq, nq, 1};
+    b.k_scale = bks;
+    b.k_scale_strides = {nk / 128, nk / 128, 1};
+    b.v_scale = bvs;
+    b.v_scale_strides = {D, D, 1};
+    b.out = bo;
+    b.out_strides = {int64_t(nq) * D, int64_t(nq) * D, D};
+    b.out_type = HalfType::kBFloat16;
+    b.batch = b.heads_q = b.heads_kv = 1;
+    b.nq = nq;
+    b.nk = nk;
+    b.head_dim = b.d_pad = D;
+    CHECK(cudaDeviceSynchronize());
+    std::vector<float> times;
+    int outlasted = 0;
+    for (int rep = 0; rep < 3; ++rep) {
+      CHECK(launch_qk_int8_sv_f8_attn_sm90(b, sa));
+      spin<<<1, 32, 0, sb>>>(40000);  // the blocker's CTAs take their SMs meanwhile
+      CHECK(cudaEventRecord(e0, sb));
+      CHECK(launch_quant_qkv_sm90(a, sb));
+      CHECK(cudaEventRecord(e1, sb));
+      CHECK(cudaEventRecord(eb, sa));
+      CHECK(cudaDeviceSynchronize());
+      float ms = 0, ms_b = 0;
+      CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      CHECK(cudaEventElapsedTime(&ms_b, e0, eb));
+      times.push_back(ms);
+      outlasted += ms_b > ms;
+    }
+    std::sort(times.begin(), times.end());
+    const float ms = times[1];
+    std::printf("  share %3d SMs: %8.1f us (%.2fx the time), SM-time %.2fx; blocker outlasted it %d/3 (nk=%d)\n",
+                share, ms * 1e3, ms / ms_all, ms * share / (ms_all * sms), outlasted, nk);
+    CHECK(cudaFree(bq));
+    CHECK(cudaFree(bk));
+    CHECK(cudaFree(bv));
+    CHECK(cudaFree(bqs));
+    CHECK(cudaFree(bks));
+    CHECK(cudaFree(bvs));
+    CHECK(cudaFree(bo));
+  }
+  return 0;
+}
