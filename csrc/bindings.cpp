@@ -18,6 +18,9 @@
 #include "sage_types.h"
 
 #if defined(SAGEATTN_FAMILY_FUSED) || defined(SAGEATTN_FAMILY_SM90)
+#include <array>
+#include <vector>
+
 #include "fused/quant.h"  // the sm90 module holds quant_qkv.cu too (attn_sm90, build-matrix.yaml)
 #endif
 #ifdef SAGEATTN_FAMILY_SM80
@@ -151,14 +154,53 @@ sage::QuantQkvArgs qkv_inputs(const at::Tensor& q, const at::Tensor& k, const at
   return args;
 }
 
-// The extents of quant_qkv_sm90's outputs, from its checked arguments.
-struct QkvSizes {
-  int64_t b, hq, hkv, nq, nk, head_dim, d_pad, n_pad, key_blocks, workspace_floats;
-  explicit QkvSizes(const sage::QuantQkvArgs& a)
-      : b(a.batch), hq(a.heads_q), hkv(a.heads_kv), nq(a.nq), nk(a.nk), head_dim(a.head_dim), d_pad(a.d_pad),
-        n_pad(a.n_pad), key_blocks((a.nk + sage::kQkvKeyBlock - 1) / sage::kQkvKeyBlock),
-        workspace_floats(sage::quant_qkv_workspace_floats(a.batch, a.heads_kv, a.nk, a.d_pad)) {}
+// quant_qkv_sm90's nine outputs, in its return order (the workspace last, not returned): the shape and
+// element type of each, from the checked arguments; empty where the options leave one out (corr without
+// with_corr, k_mean without smooth-K). quant_qkv_sm90 allocates them one by one, attn_sm90 places them
+// in one buffer; set_outputs points the arguments at them.
+enum QkvPart { kQInt8, kQScale, kCorr, kKInt8, kKScale, kVt, kVScale, kKMean, kWorkspace, kQkvParts };
+struct QkvLayout {
+  std::array<std::vector<int64_t>, kQkvParts> shape;
+  std::array<at::ScalarType, kQkvParts> dtype;
+  QkvLayout(const sage::QuantQkvArgs& a, bool with_corr) {
+    const int64_t b = a.batch, hq = a.heads_q, hkv = a.heads_kv, nq = a.nq, nk = a.nk, d = a.head_dim;
+    const int64_t d_pad = a.d_pad, key_blocks = (nk + sage::kQkvKeyBlock - 1) / sage::kQkvKeyBlock;
+    shape = {{{b, hq, nq, d_pad},
+              {b, hq, nq},
+              {with_corr ? b : 0, hq, nq},
+              {b, hkv, nk, d_pad},
+              {b, hkv, key_blocks},
+              {b, hkv, d_pad, a.n_pad},
+              {b, hkv, d},
+              a.smooth_k ? std::vector<int64_t>{b, hkv, d} : std::vector<int64_t>{0},
+              {sage::quant_qkv_workspace_floats(a.batch, a.heads_kv, a.nk, a.d_pad)}}};
+    dtype = {at::kChar, at::kFloat, at::kFloat, at::kChar, at::kFloat, at::kFloat8_e4m3fn, at::kFloat, at::kFloat,
+             at::kFloat};
+  }
+  int64_t bytes(int part) const {
+    int64_t n = 1;
+    for (const int64_t e : shape[part]) n *= e;
+    return n * static_cast<int64_t>(at::elementSize(dtype[part]));
+  }
+  // (b, h, n) strides in elements of a contiguous part (the last dimension's extent past n, if any).
+  sage::Strides3 strides(int part) const {
+    const std::vector<int64_t>& e = shape[part];
+    const int64_t inner = e.size() == 4 ? e[3] : 1;
+    return {e[1] * e[2] * inner, e[2] * inner, inner};
+  }
 };
+
+void set_outputs(sage::QuantQkvArgs& a, const std::array<void*, kQkvParts>& p, bool with_corr) {
+  a.q_int8 = static_cast<int8_t*>(p[kQInt8]);
+  a.q_scale = static_cast<float*>(p[kQScale]);
+  a.corr = with_corr ? static_cast<float*>(p[kCorr]) : nullptr;
+  a.k_int8 = static_cast<int8_t*>(p[kKInt8]);
+  a.k_scale = static_cast<float*>(p[kKScale]);
+  a.vt = static_cast<uint8_t*>(p[kVt]);
+  a.v_scale = static_cast<float*>(p[kVScale]);
+  a.k_mean = a.smooth_k ? static_cast<float*>(p[kKMean]) : nullptr;
+  a.workspace = static_cast<float*>(p[kWorkspace]);
+}
 #endif
 
 #ifdef SAGEATTN_FAMILY_FUSED
@@ -244,28 +286,16 @@ quant_qkv_sm90(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bo
                double scale_mul, int64_t d_pad, bool with_corr) {
   sage::QuantQkvArgs args = qkv_inputs(q, k, v, smooth_k, sm_scale, scale_mul, d_pad, with_corr);
   const c10::cuda::CUDAGuard guard(q.device());
-  const QkvSizes n(args);
-  const auto f32 = q.options().dtype(at::kFloat);
-  auto q_int8 = at::empty({n.b, n.hq, n.nq, d_pad}, q.options().dtype(at::kChar));
-  auto q_scale = at::empty({n.b, n.hq, n.nq}, f32);
-  auto corr = at::empty({with_corr ? n.b : 0, n.hq, n.nq}, f32);
-  auto k_int8 = at::empty({n.b, n.hkv, n.nk, d_pad}, q.options().dtype(at::kChar));
-  auto k_scale = at::empty({n.b, n.hkv, n.key_blocks}, f32);
-  auto vt = at::empty({n.b, n.hkv, d_pad, n.n_pad}, q.options().dtype(at::kFloat8_e4m3fn));
-  auto v_scale = at::empty({n.b, n.hkv, n.head_dim}, f32);
-  auto k_mean = smooth_k ? at::empty({n.b, n.hkv, n.head_dim}, f32) : at::empty({0}, f32);
-  auto workspace = at::empty({n.workspace_floats}, f32);
-  args.q_int8 = q_int8.data_ptr<int8_t>();
-  args.q_scale = q_scale.data_ptr<float>();
-  args.corr = with_corr ? corr.data_ptr<float>() : nullptr;
-  args.k_int8 = k_int8.data_ptr<int8_t>();
-  args.k_scale = k_scale.data_ptr<float>();
-  args.vt = static_cast<uint8_t*>(vt.data_ptr());
-  args.v_scale = v_scale.data_ptr<float>();
-  args.k_mean = smooth_k ? k_mean.data_ptr<float>() : nullptr;
-  args.workspace = workspace.data_ptr<float>();
+  const QkvLayout layout(args, with_corr);
+  std::array<at::Tensor, kQkvParts> t;
+  std::array<void*, kQkvParts> p;
+  for (int i = 0; i < kQkvParts; ++i) {
+    t[i] = at::empty(layout.shape[i], q.options().dtype(layout.dtype[i]));
+    p[i] = t[i].data_ptr();
+  }
+  set_outputs(args, p, with_corr);
   check_cuda(sage::launch_quant_qkv_sm90(args, c10::cuda::getCurrentCUDAStream().stream()), "quant_qkv_sm90");
-  return {q_int8, q_scale, corr, k_int8, k_scale, vt, v_scale, k_mean};
+  return {t[kQInt8], t[kQScale], t[kCorr], t[kKInt8], t[kKScale], t[kVt], t[kVScale], t[kKMean]};
 }
 #endif
 
@@ -616,54 +646,41 @@ std::tuple<at::Tensor, at::Tensor> attn_sm90(const at::Tensor& q, const at::Tens
   const bool with_corr = return_lse && smooth_k;
   sage::QuantQkvArgs qa = qkv_inputs(q, k, v, smooth_k, sm_scale, scale_mul, d_pad, with_corr);
   const c10::cuda::CUDAGuard guard(q.device());
-  const QkvSizes n(qa);
-  // The intermediates' offsets in one byte buffer, each 256-byte aligned (TMA needs 16).
+  // The intermediates in one byte buffer, each part 256-byte aligned (TMA needs 16).
+  const QkvLayout layout(qa, with_corr);
+  std::array<int64_t, kQkvParts> offset;
   int64_t total = 0;
-  const auto place = [&total](int64_t bytes) {
-    const int64_t at = total;
-    total += (bytes + 255) / 256 * 256;
-    return at;
-  };
-  const int64_t q_rows = n.b * n.hq * n.nq, k_rows = n.b * n.hkv * n.nk, kv_heads = n.b * n.hkv;
-  const int64_t o_q = place(q_rows * d_pad), o_qs = place(q_rows * 4), o_corr = place(with_corr ? q_rows * 4 : 0);
-  const int64_t o_k = place(k_rows * d_pad), o_ks = place(kv_heads * n.key_blocks * 4);
-  const int64_t o_vt = place(kv_heads * d_pad * n.n_pad), o_vs = place(kv_heads * n.head_dim * 4);
-  const int64_t o_km = place(smooth_k ? kv_heads * n.head_dim * 4 : 0), o_ws = place(n.workspace_floats * 4);
+  for (int i = 0; i < kQkvParts; ++i) {
+    offset[i] = total;
+    total += (layout.bytes(i) + 255) / 256 * 256;
+  }
   const at::Tensor scratch = at::empty({total}, q.options().dtype(at::kByte));
-  uint8_t* base = scratch.data_ptr<uint8_t>();
-  const auto f32_at = [base](int64_t offset) { return reinterpret_cast<float*>(base + offset); };
-  qa.q_int8 = reinterpret_cast<int8_t*>(base + o_q);
-  qa.q_scale = f32_at(o_qs);
-  qa.corr = with_corr ? f32_at(o_corr) : nullptr;
-  qa.k_int8 = reinterpret_cast<int8_t*>(base + o_k);
-  qa.k_scale = f32_at(o_ks);
-  qa.vt = base + o_vt;
-  qa.v_scale = f32_at(o_vs);
-  qa.k_mean = smooth_k ? f32_at(o_km) : nullptr;
-  qa.workspace = f32_at(o_ws);
+  std::array<void*, kQkvParts> p;
+  for (int i = 0; i < kQkvParts; ++i) p[i] = scratch.data_ptr<uint8_t>() + offset[i];
+  set_outputs(qa, p, with_corr);
   check_cuda(sage::launch_quant_qkv_sm90(qa, c10::cuda::getCurrentCUDAStream().stream()),
              "attn_sm90 (quantization)");
 
   // The attention on the contiguous intermediates (strides in elements: bytes for the 8-bit ones).
   sage::AttnSm90Args args{};
   args.q = qa.q_int8;
-  args.q_strides = {n.hq * n.nq * d_pad, n.nq * d_pad, d_pad};
+  args.q_strides = layout.strides(kQInt8);
   args.k = qa.k_int8;
-  args.k_strides = {n.hkv * n.nk * d_pad, n.nk * d_pad, d_pad};
+  args.k_strides = layout.strides(kKInt8);
   args.vt = qa.vt;
-  args.vt_strides = {n.hkv * d_pad * n.n_pad, d_pad * n.n_pad, n.n_pad};
+  args.vt_strides = layout.strides(kVt);
   args.n_pad = qa.n_pad;
   args.q_scale = qa.q_scale;
-  args.q_scale_strides = {n.hq * n.nq, n.nq, 1};
+  args.q_scale_strides = layout.strides(kQScale);
   args.k_scale = qa.k_scale;
-  args.k_scale_strides = {n.hkv * n.key_blocks, n.key_blocks, 1};
+  args.k_scale_strides = layout.strides(kKScale);
   args.v_scale = qa.v_scale;
-  args.v_scale_strides = {n.hkv * n.head_dim, n.head_dim, 1};
+  args.v_scale_strides = layout.strides(kVScale);
   if (with_corr) {
     args.corr = qa.corr;
-    args.corr_strides = args.q_scale_strides;
+    args.corr_strides = layout.strides(kCorr);
   }
-  set_sizes(args, n.b, n.hq, n.hkv, n.nq, n.nk, n.head_dim, d_pad);
+  set_sizes(args, qa.batch, qa.heads_q, qa.heads_kv, qa.nq, qa.nk, qa.head_dim, d_pad);
   args.causal = is_causal;
   return run_attn_sm90(args, q, q.scalar_type(), out_nhd, return_lse);
 }
