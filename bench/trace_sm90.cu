@@ -10,7 +10,8 @@
 // variants (an experiment's #ifndef knobs in attn_int8_fp8.cu, set with -D) can be compared without
 // building a wheel each (bench/variants_sm90.sh). With -DSAGE_SM90_NO_TRACE -DSAGE_SM90_CTA_TIMES it also
 // prints the CTAs' timeline: entry, Q landed, loop and epilogue per CTA, the gaps between CTAs on an SM.
-// Head dim 128; -DSAGE_TRACE_D=64 builds and runs the d=64 kernel instead.
+// Head dim 128; -DSAGE_TRACE_D=64 builds and runs the d=64 kernel instead. SAGE_TRACE_DATA picks the
+// data (see main).
 #ifndef SAGE_SM90_NO_TRACE
 #define SAGE_SM90_TRACE 1
 #endif
@@ -126,11 +127,20 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&ks, sizeof(float) * batch * heads * (n_pad / 128)));
   CHECK(cudaMalloc(&vs, sizeof(float) * batch * heads * D));
   CHECK(cudaMalloc(&out, qk_elems * 2));
-  fill_bytes<<<1024, 256>>>(reinterpret_cast<uint8_t*>(q), qk_elems, 1u, 0xffu, 0u);
-  fill_bytes<<<1024, 256>>>(reinterpret_cast<uint8_t*>(k), qk_elems, 2u, 0xffu, 0u);
-  fill_bytes<<<1024, 256>>>(vt, vt_elems, 3u, 0x0fu, 0x30u);  // e4m3 in [0.5, 2): no NaN patterns
+  // The data (SAGE_TRACE_DATA): "flat" (default) uniform INT8 Q and K with scores so small that every P
+  // is about 448, V in [0.5, 2); "spread": scores with a standard deviation of about 3 in the log2
+  // domain (P spread over e4m3's range, many zeros), V of both signs over e4m3's exponents; "small":
+  // "spread" with Q and K in [-32, 31]. The instructions are the same; the power drawn is not.
+  const char* data = std::getenv("SAGE_TRACE_DATA");
+  const bool spread = data != nullptr && std::strcmp(data, "flat") != 0;
+  const bool small = data != nullptr && std::strcmp(data, "small") == 0;
+  const uint32_t qk_mask = small ? 0x3fu : 0xffu, qk_add = small ? 0xe0u : 0u;
+  fill_bytes<<<1024, 256>>>(reinterpret_cast<uint8_t*>(q), qk_elems, 1u, qk_mask, qk_add);
+  fill_bytes<<<1024, 256>>>(reinterpret_cast<uint8_t*>(k), qk_elems, 2u, qk_mask, qk_add);
+  // e4m3 without NaN patterns: [0.5, 2), or any sign and exponent with the mantissa's top bit clear.
+  fill_bytes<<<1024, 256>>>(vt, vt_elems, 3u, spread ? 0xf7u : 0x0fu, spread ? 0u : 0x30u);
   fill_float<<<256, 256>>>(qs, int64_t(batch) * heads * n, 1e-4f);
-  fill_float<<<256, 256>>>(ks, int64_t(batch) * heads * (n_pad / 128), 1e-3f);
+  fill_float<<<256, 256>>>(ks, int64_t(batch) * heads * (n_pad / 128), spread ? (small ? 8.0f : 0.5f) : 1e-3f);
   fill_float<<<256, 256>>>(vs, int64_t(batch) * heads * D, 1.0f / 448.0f);
 
   AttnSm90Args a{};
