@@ -17,26 +17,15 @@
 #include <cstdlib>
 #include <vector>
 
+#include "bench_cuda.cuh"
 #include "fused/quant.h"
 #include "sm90/attn.h"
 
 namespace {
 
-#define CHECK(x)                                                                        \
-  do {                                                                                  \
-    cudaError_t e_ = (x);                                                               \
-    if (e_ != cudaSuccess) {                                                            \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));   \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
-
-__device__ uint32_t mix(uint64_t i, uint32_t seed) {
-  uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-  x ^= x >> 13;
-  x *= 0x5bd1e995u;
-  return x ^ (x >> 15);
-}
+using bench::fill_bytes;
+using bench::fill_float;
+using bench::mix;
 
 // bfloat16 in [-2, 2): sign, exponent 126..127, random mantissa.
 __global__ void fill_bf16(uint16_t* p, int64_t n, uint32_t seed) {
@@ -44,16 +33,6 @@ __global__ void fill_bf16(uint16_t* p, int64_t n, uint32_t seed) {
     const uint32_t x = mix(i, seed);
     p[i] = static_cast<uint16_t>((x & 0x8000u) | ((126u + ((x >> 7) & 1u)) << 7) | (x & 0x7fu));
   }
-}
-
-__global__ void fill_bytes(uint8_t* p, int64_t n, uint32_t seed, uint32_t mask, uint32_t add) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    p[i] = static_cast<uint8_t>((mix(i, seed) & mask) + add);
-  }
-}
-
-__global__ void fill_float(float* p, int64_t n, float v) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) p[i] = v;
 }
 
 __global__ void spin(long long cycles) {
@@ -73,9 +52,8 @@ T* dev(int64_t n) {
 
 int main(int argc, char** argv) {
   using namespace sage;
-  const int n = argc > 1 ? std::atoi(argv[1]) : 4096;
-  const int batch = argc > 2 ? std::atoi(argv[2]) : 4;
-  const int heads = argc > 3 ? std::atoi(argv[3]) : 32;
+  const bench::Shape shape = bench::shape_args(argc, argv);
+  const int n = shape.n, batch = shape.batch, heads = shape.heads;
   std::vector<int> shares;
   for (int i = 4; i < argc; ++i) shares.push_back(std::atoi(argv[i]));
   int sms = 0;
@@ -136,7 +114,7 @@ int main(int argc, char** argv) {
     if (share < 1 || share >= sms) continue;
     // The blocker: one CTA per SM on sms - share SMs, each long enough (about 1.1 us per 128-key step)
     // to outlast the quantization even if its time grew as 1 / share.
-    const double want_us = 3.0 * ms_all * 1e3 * sms / share;
+    const double want_us = 4.0 * ms_all * 1e3 * sms / share;
     const int nk = static_cast<int>(std::min(4.0e6, std::max(8192.0, want_us / 1.1 * 128))) / 128 * 128;
     const int nq = (sms - share) * 128;
     int8_t *bq = dev<int8_t>(int64_t(nq) * D), *bk = dev<int8_t>(int64_t(nk) * D);

@@ -21,32 +21,13 @@
 #include <cstring>
 #include <vector>
 
+#include "bench_cuda.cuh"
 #include "sm90/attn_int8_fp8.cu"
 
 namespace {
 
-#define CHECK(x)                                                                   \
-  do {                                                                             \
-    cudaError_t e_ = (x);                                                          \
-    if (e_ != cudaSuccess) {                                                       \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                \
-    }                                                                              \
-  } while (0)
-
-__global__ void fill_bytes(uint8_t* p, int64_t n, uint32_t seed, uint32_t mask, uint32_t add) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t x = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    x ^= x >> 13;
-    x *= 0x5bd1e995u;
-    x ^= x >> 15;
-    p[i] = static_cast<uint8_t>((x & mask) + add);
-  }
-}
-
-__global__ void fill_float(float* p, int64_t n, float v) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) p[i] = v;
-}
+using bench::fill_bytes;
+using bench::fill_float;
 
 #ifdef SAGE_SM90_TRACE
 // Phase names of the events SAGE_TRACE records in a step (event e ends phase e).
@@ -105,9 +86,8 @@ void cta_timeline(cudaError_t err, int64_t ctas) {
 
 int main(int argc, char** argv) {
   using namespace sage;
-  const int n = argc > 1 ? std::atoi(argv[1]) : 4096;
-  const int batch = argc > 2 ? std::atoi(argv[2]) : 4;
-  const int heads = argc > 3 ? std::atoi(argv[3]) : 32;
+  const bench::Shape shape = bench::shape_args(argc, argv);
+  const int n = shape.n, batch = shape.batch, heads = shape.heads;
   const bool causal = argc > 4 && std::atoi(argv[4]) != 0;
   const char* json = (argc > 6 && std::strcmp(argv[5], "--json") == 0) ? argv[6] : nullptr;
 #ifndef SAGE_TRACE_D
