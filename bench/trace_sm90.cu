@@ -110,17 +110,19 @@ int main(int argc, char** argv) {
   // The data (SAGE_TRACE_DATA): "flat" (default) uniform INT8 Q and K with scores so small that every P
   // is about 448, V in [0.5, 2); "spread": scores with a standard deviation of about 3 in the log2
   // domain (P spread over e4m3's range, many zeros), V of both signs over e4m3's exponents; "small":
-  // "spread" with Q and K in [-32, 31]. The instructions are the same; the power drawn is not.
+  // "spread" with Q and K in [-32, 31]; "p" / "v": only P / only V spread; "qlow" / "klow": "flat"
+  // with Q / K in [0, 15] (their upper four bits never toggle). The instructions are the same; the power
+  // drawn is not.
   const char* data = std::getenv("SAGE_TRACE_DATA");
-  const bool spread = data != nullptr && std::strcmp(data, "flat") != 0;
-  const bool small = data != nullptr && std::strcmp(data, "small") == 0;
-  const uint32_t qk_mask = small ? 0x3fu : 0xffu, qk_add = small ? 0xe0u : 0u;
-  fill_bytes<<<1024, 256>>>(reinterpret_cast<uint8_t*>(q), qk_elems, 1u, qk_mask, qk_add);
-  fill_bytes<<<1024, 256>>>(reinterpret_cast<uint8_t*>(k), qk_elems, 2u, qk_mask, qk_add);
+  const auto is = [&](const char* name) { return data != nullptr && std::strcmp(data, name) == 0; };
+  const bool spread_p = is("spread") || is("small") || is("p"), spread_v = is("spread") || is("small") || is("v");
+  const uint32_t qk_mask = is("small") ? 0x3fu : 0xffu, qk_add = is("small") ? 0xe0u : 0u;
+  fill_bytes<<<1024, 256>>>(reinterpret_cast<uint8_t*>(q), qk_elems, 1u, is("qlow") ? 0x0fu : qk_mask, qk_add);
+  fill_bytes<<<1024, 256>>>(reinterpret_cast<uint8_t*>(k), qk_elems, 2u, is("klow") ? 0x0fu : qk_mask, qk_add);
   // e4m3 without NaN patterns: [0.5, 2), or any sign and exponent with the mantissa's top bit clear.
-  fill_bytes<<<1024, 256>>>(vt, vt_elems, 3u, spread ? 0xf7u : 0x0fu, spread ? 0u : 0x30u);
+  fill_bytes<<<1024, 256>>>(vt, vt_elems, 3u, spread_v ? 0xf7u : 0x0fu, spread_v ? 0u : 0x30u);
   fill_float<<<256, 256>>>(qs, int64_t(batch) * heads * n, 1e-4f);
-  fill_float<<<256, 256>>>(ks, int64_t(batch) * heads * (n_pad / 128), spread ? (small ? 8.0f : 0.5f) : 1e-3f);
+  fill_float<<<256, 256>>>(ks, int64_t(batch) * heads * (n_pad / 128), spread_p ? (is("small") ? 8.0f : 0.5f) : 1e-3f);
   fill_float<<<256, 256>>>(vs, int64_t(batch) * heads * D, 1.0f / 448.0f);
 
   AttnSm90Args a{};
