@@ -686,7 +686,6 @@ std::tuple<at::Tensor, at::Tensor> attn_sm90(const at::Tensor& q, const at::Tens
 }
 #endif
 
-
 }  // namespace
 
 #ifdef SAGEATTN_FAMILY_FUSED

@@ -45,11 +45,11 @@
 // Softmax cost per score (non-masked blocks): I2FP (int32 -> f32, exact below 2^24: |dot| <= 128 x
 // 128^2 = 2^21; at D = 64 and in the causal kernels an integer add instead, see softmax_exp), 0.6
 // VIMNMX3 for the row max (over the INT32 scores), one FFMA x * (q_scale k_scale) + (log2(448) - m),
-// MUFU.EX2 (ex2.approx.ftz), half an F2FP pack to e4m3, a quarter LOP3 for the anchor (see the loop), plus
-// one FFMA per output element for the promotion; the row sum costs nothing here (tensor cores). 473
-// SASS instructions per thread and block at D = 128 (the sequential version before this one: 796,
-// 925 causal, with a multiply for the scale, a subtract, a multiply by 448 and the mask's compare
-// and select on every score of every block). Folding the
+// MUFU.EX2 (ex2.approx.ftz), half an F2FP pack to e4m3, a quarter LOP3 for the anchor (see the
+// loop), plus one FFMA per output element for the promotion; the row sum costs nothing here (tensor
+// cores). 473 SASS instructions per thread and block at D = 128 (the sequential version before this
+// one: 796, 925 causal, with a multiply for the scale, a subtract, a multiply by 448 and the mask's
+// compare and select on every score of every block). Folding the
 // 448 of the FP8 range into the exponent makes exp2 return 448 P directly; the row sum is then
 // 448 l, and the end divides by it (the reference divides by l * 448). The extra rounding (one FFMA
 // instead of a multiply, a subtract and a multiply) moves the exponent by a few float32 ulps, the
