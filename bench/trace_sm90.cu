@@ -32,8 +32,8 @@ using bench::fill_float;
 #ifdef SAGE_SM90_TRACE
 // Phase names of the events SAGE_TRACE records in a step (event e ends phase e).
 const char* const kPhase[sage::kTraceEvents] = {
-    "loop top -> mbarrier waits", "K/V ready (mbarrier)", "turn (named barrier)", "issue Q.K + P.V", "wait Q.K",
-    "softmax row 0 + anchors",    "wait P.V",             "promote, row 1, pack"};
+    "loop top, K scale",  "K ready (mbarrier)", "issue + wait Q.K", "softmax + pack",
+    "V ready (mbarrier)", "issue + wait P.V",   "release, promote"};
 
 #endif
 
@@ -75,7 +75,7 @@ void cta_timeline(cudaError_t err, int64_t ctas) {
   }
   std::printf("timeline: %lld CTAs on %d SMs (%.2f per SM), span %.1f us\n", static_cast<long long>(ctas), sms,
               double(ctas) / sms, (end - begin) * 1e-3);
-  std::printf("  per CTA, cycles: entry -> Q landed %.0f, loop %.0f, epilogue %.0f, warpgroup 1 exits %.0f later\n",
+  std::printf("  per CTA, cycles: entry -> Q landed %.0f, loop %.0f, epilogue %.0f, last warpgroup exits %.0f later\n",
               pro / ctas, body / ctas, epi / ctas, wg_skew / ctas);
   std::printf("  SMs inside a CTA %.1f%% of the span; exit -> next entry on an SM %.0f ns; idle tail %.1f us per SM\n",
               100.0 * busy / (double(sms) * (end - begin)), n_gaps ? gaps / n_gaps : 0.0, tail / sms * 1e-3);
@@ -168,9 +168,9 @@ int main(int argc, char** argv) {
   CHECK(cudaMemcpyFromSymbol(tr.data(), g_sm90_trace, sizeof(g_sm90_trace)));
   CHECK(cudaMemcpyFromSymbol(cta.data(), g_sm90_trace_cta, sizeof(g_sm90_trace_cta)));
   const auto T = [&](int c, int w, int blk, int ev) {
-    return tr[((c * kConsumerWgs + w) * kTraceBlocks + blk) * kTraceEvents + ev];
+    return tr[((c * kMaxConsumerWgs + w) * kTraceBlocks + blk) * kTraceEvents + ev];
   };
-  const auto C = [&](int c, int w, int ev) { return cta[(c * kConsumerWgs + w) * 5 + ev]; };
+  const auto C = [&](int c, int w, int ev) { return cta[(c * kMaxConsumerWgs + w) * 5 + ev]; };
   const double ghz = double(C(0, 0, 2) - C(0, 0, 0)) / double(C(0, 0, 4) - C(0, 0, 3));
   std::printf("n=%d b=%d h=%d d=%d causal=%d: kernel %.1f us, %.0f TOPS; SM clock %.3f GHz (CTA 0)\n", n, batch,
               heads, D, causal, ms * 1e3, flops / (ms * 1e-3) / 1e12, ghz);
@@ -179,18 +179,19 @@ int main(int argc, char** argv) {
   std::printf("n=%d b=%d h=%d d=%d causal=%d: kernel %.1f us, %.0f TOPS\n", n, batch, heads, D, causal, ms * 1e3,
               flops / (ms * 1e-3) / 1e12);
 #ifdef SAGE_SM90_CTA_TIMES
-  cta_timeline(launch_qk_int8_sv_f8_attn_sm90(a, 0), int64_t(n_pad / 128) * heads * batch);
+  constexpr int kRows = Cta<consumer_wgs(D)>::kBlockM;  // query rows per CTA
+  cta_timeline(launch_qk_int8_sv_f8_attn_sm90(a, 0), int64_t((n + kRows - 1) / kRows) * heads * batch);
 #endif
   return 0;
 #endif
 #ifdef SAGE_SM90_TRACE
   const int n_blocks = (n + 127) / 128;
-  const int steps = n_blocks - 1;  // steps of the overlapped loop, the last one masked
+  const int steps = n_blocks;  // one per key block, the last one masked
   const int lo = steps > 8 ? 2 : 0, hi = std::min(steps - 1, kTraceBlocks - 1);  // steady steps [lo, hi)
   FILE* js = json ? std::fopen(json, "w") : nullptr;
   if (js) std::fprintf(js, "{\"n\": %d, \"batch\": %d, \"heads\": %d, \"causal\": %d, \"ms\": %.5f, \"ghz\": %.4f, \"ctas\": [", n, batch, heads, causal, ms, ghz);
   for (int c = 0; c < kTraceCtas; ++c) {
-    for (int w = 0; w < kConsumerWgs; ++w) {
+    for (int w = 0; w < consumer_wgs(D); ++w) {
       std::printf("CTA %d warpgroup %d: entry -> loop %lld, loop -> end %lld cycles; steady steps %d..%d:\n", c, w,
                   C(c, w, 1) - C(c, w, 0), C(c, w, 2) - C(c, w, 1), lo, hi - 1);
       double total = 0;
@@ -209,10 +210,13 @@ int main(int argc, char** argv) {
       std::printf("  %-28s %8.1f cycles per step\n", "total", total);
       if (js) std::fprintf(js, "}, \"step\": %.1f}", total);
     }
-    // How far apart the two warpgroups issue: warpgroup 1's issue after warpgroup 0's, per step.
-    double lag = 0;
-    for (int blk = lo; blk < hi; ++blk) lag += double(T(c, 1, blk, 3) - T(c, 0, blk, 3));
-    std::printf("CTA %d: warpgroup 1 issues %.1f cycles after warpgroup 0\n", c, hi > lo ? lag / (hi - lo) : 0.0);
+    // How far apart the warpgroups run: when warpgroup w's Q.K of a step completes, after warpgroup 0's.
+    for (int w = 1; w < consumer_wgs(D); ++w) {
+      double lag = 0;
+      for (int blk = lo; blk < hi; ++blk) lag += double(T(c, w, blk, 2) - T(c, 0, blk, 2));
+      std::printf("CTA %d: warpgroup %d's Q.K completes %.1f cycles after warpgroup 0's\n", c, w,
+                  hi > lo ? lag / (hi - lo) : 0.0);
+    }
   }
   if (js) {
     std::fprintf(js, "]}\n");

@@ -22,10 +22,8 @@ an order of its own: it may differ from ``k.mean(dim=2, dtype=torch.float32)`` b
 It computes what ``sage_ref(q, k, v, pv=PVDtype.FP8, block_m=1, block_n=128, rowsum="rounded", ...)``
 computes.
 
-The kernel has three schedules of the same arithmetic (``csrc/sm90/attn.h``, ``Sm90Schedule``):
-``serial``, ``overlap`` (the default) and ``pingpong``. The environment variable
-``SAGEATTN_SM90_SCHEDULE`` names another one; the kernel's launcher reads it at every call, so a
-benchmark can compare them in one process. Any other value makes the op raise ("invalid argument").
+A CTA of the kernel is one producer warpgroup (TMA loads) and 3 (head dim 128) or 4 (head dim 64)
+consumer warpgroups of 64 query rows each (``csrc/sm90/attn_int8_fp8.cu``).
 """
 
 from __future__ import annotations

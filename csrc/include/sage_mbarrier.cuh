@@ -1,5 +1,5 @@
 // Shared-memory barriers (mbarrier, sm_90 and newer) for producer/consumer pipelines, and the named
-// CTA barriers (bar.sync / bar.arrive with an id) that order work between warpgroups.
+// CTA barriers (bar.sync with an id) that gather a subset of a CTA's warps.
 //
 // An mbarrier completes a phase when its pending arrival count reaches zero AND its pending
 // transaction count (bytes announced with expect_tx and delivered by TMA with complete_tx) reaches
@@ -68,33 +68,11 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
-// Whether the phase of parity `parity` has completed, without waiting: lets a thread ask early and
-// wait (mbar_wait) only if the answer was no, keeping the query's latency off its critical path.
-__device__ __forceinline__ bool mbar_test(uint64_t* bar, uint32_t parity) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-  uint32_t done;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(addr), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-
 // Named barriers: 16 per CTA, id 0 is __syncthreads'. A phase completes when `count` threads (a
-// multiple of 32, counted by whole warps) have reached it with either call: bar.sync blocks until
-// then, bar.arrive does not. Two warpgroups take turns with a pair of them (one waits on its own id,
-// the other arrives on it), which is how one warpgroup's softmax is made to overlap the other's MMAs.
+// multiple of 32, counted by whole warps) have reached it; bar.sync blocks until then. A warpgroup
+// gathers its own threads on one without holding up the rest of the CTA.
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
 }  // namespace sage

@@ -48,23 +48,10 @@ struct AttnSm90Args {
   bool causal;               // top-left aligned: query i sees keys j <= i
 };
 
-// How each consumer warpgroup orders its two MMAs and the softmax of a key block (attn_int8_fp8.cu).
-// All three run the same instructions on the same data (same arithmetic, same summation order), so
-// they agree bit for bit (tests/gpu/test_cuda_kernels.py checks it); they differ only in what overlaps
-// what. kOverlap is the default; the environment variable
-// SAGEATTN_SM90_SCHEDULE=serial|overlap|pingpong, read at every launch, picks another one, so one
-// build can time them against each other.
-enum class Sm90Schedule : int {
-  kSerial = 0,    // Q·Kᵀ, wait, softmax, P·V, wait: nothing overlaps inside a warpgroup
-  kOverlap = 1,   // Q·Kᵀ of block j+1 and P·V of block j in flight while the softmax of j+1 runs
-  kPingPong = 2,  // kOverlap, plus the two warpgroups take turns issuing their MMAs
-};
-
 // Checks nothing the caller already checked (bindings.cpp). Returns cudaErrorInvalidValue for a
 // d_pad other than 64 or 128, a head_dim that is not a multiple of 8 or exceeds d_pad, or tensors
 // the TMA unit cannot describe; cudaErrorNoKernelImageForDevice on a GPU other than sm_90;
-// cudaErrorNotSupported when the driver has no cuTensorMapEncodeTiled; cudaErrorInvalidValue also
-// when SAGEATTN_SM90_SCHEDULE is set to a name other than serial, overlap or pingpong.
+// cudaErrorNotSupported when the driver has no cuTensorMapEncodeTiled.
 cudaError_t launch_qk_int8_sv_f8_attn_sm90(const AttnSm90Args& args, cudaStream_t stream);
 
 }  // namespace sage

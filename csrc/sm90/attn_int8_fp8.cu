@@ -8,68 +8,62 @@
 // columns are the row sums, so the tensor cores add them up); the end divides by that sum and
 // multiplies by V's per-channel scale.
 //
-// Warp specialization. One CTA = 3 warpgroups (384 threads):
+// Warp specialization. One CTA = one producer warpgroup and kWgs consumer warpgroups
+// (consumer_wgs: 3 at D = 128, 4 at D = 64):
 //   warpgroup 0, the producer: one thread issues every TMA copy (Q once, then K and Vᵀ tiles into a
 //     ring of kStages stages); its registers are given back with setmaxnreg.dec (24 per thread).
-//   warpgroups 1 and 2, the consumers: 64 query rows each (the wgmma M), so a CTA covers 128 rows
-//     and every K/Vᵀ tile it loads serves 128 rows. setmaxnreg.inc raises them to 240 registers.
-//   Budget: (24 + 2 x 240) x 128 = 64512 of the SM's 65536 registers, hence one CTA per SM
-//   (__launch_bounds__(384, 1); ptxas reports the 168 = 65536 / 384 rounded down to 8 that the
-//   launch needs, and allocates the consumer code after setmaxnreg.inc within the 240).
+//   warpgroups 1 .. kWgs, the consumers: 64 query rows each (the wgmma M), so a CTA covers 64 kWgs
+//     rows (192 / 256) and every K/Vᵀ tile it loads serves all of them. setmaxnreg.inc raises them
+//     to what the launch's registers leave: (65536 / threads, in multiples of 8) x threads less the
+//     producer's, shared evenly: 160 at D = 128 ((24 + 3 x 160) x 128 = 64512 of 65536), 112 at
+//     D = 64 (the launch's 96 x 640 = 61440 hold 24 x 128 + 4 x 112 x 128). One CTA per SM.
 //
-// Why the schedule matters (numbers per 128-key block of a 128-row CTA, D = 128): the MMAs are
-// 2 x 128 x 128 x 128 x 2 = 8.4 M ops, 1024 cycles of the SM's 8192 dense 8-bit ops per cycle
-// (1979 TOPS / 132 SMs / 1.83 GHz); the softmax needs 16384 exp2, 1024 cycles of the SM's 16
-// MUFU lanes, plus ~6 other instructions per score. Done one after the other (kSerial) the
-// tensor cores idle at least half of the time; the schedules (attn.h, Sm90Schedule) overlap them:
-//   kOverlap (per consumer warpgroup, block j): issue Q·Kᵀ of block j+1 and P·V of block j
-//     (P_j from registers), wait for the Q·Kᵀ only (wgmma.wait_group 1), run the softmax of j+1's
-//     first row while P·V of j is still on the tensor cores, then wait for it, promote it into O
-//     while the second row's softmax runs, and pack P_j+1 (P_j's registers are read by the wgmma
-//     until that wait).
-//   kPingPong: kOverlap, and the two consumer warpgroups issue their MMAs in turns (two named
-//     barriers), so one warpgroup's softmax runs while the other's MMAs occupy the tensor cores
-//     instead of both competing for the MUFU and the tensor cores at the same moments.
-//   kOverlap is the default: with the softmax as short as it now is, the turns cost more than they
-//   order (kernel alone, H100: 1-2% faster at D = 128, 1.5-3% at D = 64, causal D = 128 the same).
-// Registers of a consumer thread in the overlapped loop at D = 128: O (64 f32), the in-flight P·V
-// accumulator (68 f32 with the row sums), the scores (64 s32, turned into f32 in place) and P_j in
-// flight (16): 212 + addressing; ptxas fits it in the 240, no spills, because the masked softmax (only
-// the last block needs it) lives in a copy of the last step peeled off the loop (with it inside
-// the loop, the causal kernel spilled 156 bytes).
-// Two ptxas behaviours shape the code (tests/unit/test_cuda_compile_sm90.py checks both in SASS):
-// packing P_j+1 into a second buffer during the softmax (then copying it) makes ptxas serialize
-// every wgmma (C7513), hence the packing after the wait; and ptxas hoists the P·V wait above the
-// softmax unless something pins the softmax around it (shared-memory round trips, see the loop).
+// The schedule. Each consumer warpgroup runs its blocks one after the other: Q·Kᵀ, wait, softmax,
+// P·V, wait, promotion. Per 128-key block of 128 rows at D = 128 the MMAs are 8.4 M ops, 1024 cycles
+// of the SM's 8192 dense 8-bit ops per cycle (1979 TOPS / 132 SMs / 1.83 GHz), and the softmax
+// needs 16384 exp2, 1024 cycles of the SM's 16 MUFU lanes, plus ~5 other instructions per score:
+// the tensor cores, the MUFU and the issue slots are all near their limit, and the softmax is a
+// chain of dependent instructions. With three or four warpgroups on the SM, one warpgroup's MMAs
+// run while the others' softmax runs, and each scheduler has three or four warps to pick from. That
+// measured faster than two warpgroups that overlap their own MMAs with their softmax (a Q·Kᵀ of
+// the next block and the P·V of this one in flight across the softmax: 212 live registers a thread
+// at D = 128, so at most two such warpgroups fit), with or without turns between the two: kernel
+// alone, H100, 2-3.5% at D = 128 (1.3% slower at the diffusion shape, b=1 h=24 n=4608, whose
+// 192-row CTAs fill 4.4 waves of the SMs), 16-20% at D = 64 (bench/NOTES.md).
+// Registers of a consumer thread at D = 128: O (64 f32) and the P·V accumulator (68 f32 with the row
+// sums) and P (16) while the P·V runs; O and the scores (64) during the softmax; 160 is enough
+// because the masked softmax (only the last block needs it) lives in a copy of the step peeled off
+// the loop.
 //
 // Softmax cost per score (non-masked blocks): I2FP (int32 -> f32, exact below 2^24: |dot| <= 128 x
-// 128^2 = 2^21; at D = 64 and in the causal kernels an integer add instead, see softmax_exp), 0.6
+// 128^2 = 2^21; at D = 64 an integer add instead, see softmax), 0.6
 // VIMNMX3 for the row max (over the INT32 scores), one FFMA x * (q_scale k_scale) + (log2(448) - m),
-// MUFU.EX2 (ex2.approx.ftz), half an F2FP pack to e4m3, a quarter LOP3 for the anchor (see the
-// loop), plus one FFMA per output element for the promotion; the row sum costs nothing here (tensor
-// cores). 473 SASS instructions per thread and block at D = 128 (the sequential version before this
-// one: 796, 925 causal, with a multiply for the scale, a subtract, a multiply by 448 and the mask's
-// compare and select on every score of every block). Folding the
+// MUFU.EX2 (ex2.approx.ftz), half an F2FP pack to e4m3, plus one FFMA per output element for the
+// promotion; the row sum costs nothing here (tensor cores). About 430 SASS instructions per thread
+// and block at D = 128, 400 at D = 64 (an early version: 796, 925 causal, with a multiply for the
+// scale, a subtract, a multiply by 448 and the mask's compare and select on every score). Folding the
 // 448 of the FP8 range into the exponent makes exp2 return 448 P directly; the row sum is then
 // 448 l, and the end divides by it (the reference divides by l * 448). The extra rounding (one FFMA
 // instead of a multiply, a subtract and a multiply) moves the exponent by a few float32 ulps, the
 // size of ex2.approx's own error. The max is taken over the raw products and scaled once per row:
 // round(x * scale) is monotonic in x for scale >= 0, so this is exactly the reference's max of the
 // rounded scores. Masks (-inf) are applied only in the blocks that straddle Nk or the causal
-// diagonal (the last block of a CTA), by a warp-uniform branch.
+// diagonal (a warpgroup's last block), by a warp-uniform branch.
 //
 // Pipeline. Per stage: a full barrier for K, one for Vᵀ (so Q·Kᵀ starts before Vᵀ has landed),
-// and an empty barrier that the 8 consumer warps arrive on once both of their wgmma groups reading
-// the stage have completed. The producer refills a stage only after its empty barrier completes.
+// and an empty barrier that the 4 kWgs consumer warps arrive on once their P·V wgmma group, the
+// last reader of the stage, has completed. The producer refills a stage only after its empty
+// barrier completes.
 //
 // Shared memory (bytes), all tiles K-major and written by TMA with the swizzle the wgmma
-// descriptors name, each tile aligned to its 1024-byte swizzle atom:
-//   Q  128 rows x D                    16384 (D = 128) /  8192 (D = 64)
-//   K  kStages x 128 keys x D          65536           / 32768
-//   Vᵀ kStages x (D + 8) rows x 128 keys 69632        / 36864 (the 8 rows of ones written once)
-//   barriers 13 x 8 in 128, the softmax anchors 2 x 256 x 4 (see the loop)
-//   O  2 warpgroups x 64 rows x 2D, the output on its way to the TMA store: 32768 / 16384
-//   with alignment: total 188416 / 98304, below the 227 KiB limit.
+// descriptors name, each tile aligned to its 1024-byte swizzle atom, D = 128 (3 consumers) / D = 64
+// (4 consumers):
+//   Q  64 kWgs rows x D                  24576 / 16384
+//   K  kStages x 128 keys x D            65536 / 32768
+//   Vᵀ kStages x (D + 8) rows x 128 keys 69632 / 36864 (the 8 rows of ones written once)
+//   barriers 13 x 8
+//   O  kWgs x 64 rows x 2D, the output on its way to the TMA store: 49152 / 32768
+//   with alignment: total 209920 / 119808, below the 227 KiB limit.
 // Rows are D bytes: D = 128 uses the 128-byte swizzle, D = 64 the 64-byte one (a TMA box row may
 // not exceed the swizzle span). Vᵀ rows are 128 keys = 128 bytes: 128-byte swizzle for both D.
 //
@@ -91,8 +85,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "sage_mbarrier.cuh"
 #include "sage_tma.cuh"
@@ -103,16 +95,11 @@ namespace sage {
 namespace {
 
 constexpr int kWgThreads = 128;                            // threads per warpgroup
-constexpr int kConsumerWgs = 2;
-constexpr int kThreads = (1 + kConsumerWgs) * kWgThreads;  // 384
 constexpr int kWgRows = 64;                                // wgmma M: query rows per consumer
-constexpr int kBlockM = kConsumerWgs * kWgRows;            // 128 query rows per CTA
 constexpr int kBlockN = kSm90KeyBlock;                     // 128 keys per step
 constexpr int kStages = 4;                                 // K/Vᵀ ring depth (smem budget above)
-constexpr int kProducerRegs = 24;                          // setmaxnreg targets, see the budget above
-constexpr int kConsumerRegs = 240;
-constexpr int kConsumerWarps = kConsumerWgs * kWgThreads / 32;  // arrivals per empty-barrier phase
-constexpr int kAnchorSlots = kConsumerWgs * kWgThreads;          // one per consumer thread
+constexpr int kProducerRegs = 24;                          // setmaxnreg target of the producer
+constexpr int kMaxConsumerWgs = 4;
 constexpr int kWgmmaK = 32;                                // bytes of K per 8-bit wgmma
 constexpr int kSTiles = kBlockN / 8;                       // 16 n8 column tiles of the score accumulator
 constexpr int kSRegs = kBlockN / 2;                        // 64 score registers per thread
@@ -123,22 +110,46 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kCvtBias = 12582912.0f;                   // 1.5 * 2^23
 constexpr int32_t kCvtBiasBits = 0x4B400000;               // its bits; + s: float kCvtBias + s (|s| < 2^22)
 constexpr float kLog2Fp8Max = 8.807354922057604f;          // log2(448): exp2(x + this) = 448 exp2(x)
-// Named barrier ids of the ping-pong (0 is __syncthreads'): consumer warpgroup w waits on
-// kTurnBarrier + w before issuing its MMAs, the other warpgroup arrives on it after issuing its own.
-constexpr uint32_t kTurnBarrier = 1;
-constexpr uint32_t kTurnThreads = kConsumerWgs * kWgThreads;
-// Named barrier of consumer warpgroup w's output tile: kOutBarrier + w (its 128 threads).
-constexpr uint32_t kOutBarrier = kTurnBarrier + kConsumerWgs;
+// Named barrier of consumer warpgroup w's output tile: kOutBarrier + w, its 128 threads (0 is
+// __syncthreads').
+constexpr uint32_t kOutBarrier = 1;
 // The output tile of a consumer warpgroup goes out as TMA stores of boxes of 64 rows x 128 bytes (64
 // channels of 2 bytes: the 128-byte swizzle's span).
 constexpr int kOutBoxBytes = 128;
 constexpr int kOutBoxRows = kWgRows;
 
+// Consumer warpgroups per CTA, by head dim: as many as the registers that one key block needs allow
+// (see the budget above). D = 128: 3 of 160 registers; D = 64: 4 of 112.
+__host__ __device__ constexpr int consumer_wgs(int d) { return d == 64 ? 4 : 3; }
+
+// The CTA of a kernel with kWgs consumer warpgroups (64 query rows each) and one producer.
+template <int kWgs>
+struct Cta {
+  static_assert(kWgs >= 2 && kWgs <= kMaxConsumerWgs, "2 to 4 consumer warpgroups");
+  static constexpr int kThreads = (1 + kWgs) * kWgThreads;
+  static constexpr int kBlockM = kWgs * kWgRows;               // query rows per CTA
+  static constexpr int kConsumerWarps = kWgs * kWgThreads / 32;  // arrivals per empty-barrier phase
+  // setmaxnreg target of a consumer: the CTA's registers at launch (65536 / kThreads per thread, in
+  // multiples of 8) less the producer's, shared evenly, in multiples of 8: 240 for 2 warpgroups, 160
+  // for 3, 112 for 4. (setmaxnreg.inc waits until the CTA's pool has the registers: asking for more
+  // than it holds hangs the warpgroup.)
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+  static constexpr int kConsumerRegs = (kLaunchRegs * (1 + kWgs) - kProducerRegs) / kWgs / 8 * 8;
+  static_assert(kProducerRegs + kWgs * kConsumerRegs <= kLaunchRegs * (1 + kWgs), "within the launch's pool");
+};
+
+struct Barriers {
+  uint64_t q_full;
+  uint64_t k_full[kStages];
+  uint64_t v_full[kStages];
+  uint64_t empty[kStages];
+};
+
 // Shared-memory layout for head dim (d_pad) D; offsets in bytes from a 1024-aligned base.
-template <int D>
+template <int D, int kWgs>
 struct Smem {
   static constexpr int kAtom = 1024;  // 128-byte swizzle repeats every 8 rows x 128 bytes
-  static constexpr int kQBytes = kBlockM * D;
+  static constexpr int kQBytes = Cta<kWgs>::kBlockM * D;
   static constexpr int kKBytes = kBlockN * D;
   // Each Vᵀ stage holds the D channels TMA loads and kSumRows rows of e4m3 ones after them, written
   // once: the P·V wgmma (N = D + kSumRows) then also returns the row sums of P in its last columns.
@@ -148,13 +159,12 @@ struct Smem {
   static constexpr int kK = kQ + kQBytes;
   static constexpr int kV = kK + kStages * kKBytes;
   static constexpr int kBar = kV + kStages * kVBytes;
-  static constexpr int kAnchor = kBar + 128;  // two 4-byte slots per consumer thread (see the loop)
   // Each consumer warpgroup's output tile (64 rows x D channels of 2 bytes) on its way to the TMA
   // store: D / 64 boxes of 64 rows x 128 bytes, 128-byte swizzled.
   static constexpr int kOutBoxes = D * 2 / kOutBoxBytes;
   static constexpr int kOutWgBytes = kOutBoxes * kOutBoxRows * kOutBoxBytes;
-  static constexpr int kOut = (kAnchor + 2 * kAnchorSlots * 4 + kAtom - 1) / kAtom * kAtom;
-  static constexpr int kBytes = kOut + kConsumerWgs * kOutWgBytes;
+  static constexpr int kOut = (kBar + sizeof(Barriers) + kAtom - 1) / kAtom * kAtom;
+  static constexpr int kBytes = kOut + kWgs * kOutWgBytes;
   static constexpr int kAlloc = kBytes + kAtom;  // the dynamic base is only 16-byte aligned
   static_assert(kQBytes % kAtom == 0 && kKBytes % kAtom == 0 && kVBytes % kAtom == 0, "tiles keep atom alignment");
   static_assert(kAlloc <= 227 * 1024, "above the sm_90 shared-memory limit per CTA");
@@ -162,13 +172,6 @@ struct Smem {
   static constexpr WgmmaSwizzle kQKSwizzle = D == 128 ? WgmmaSwizzle::k128B : WgmmaSwizzle::k64B;
   static constexpr uint32_t kQKGroupBytes = 8 * D;  // stride between 8-row groups (SBO)
   static constexpr uint32_t kVGroupBytes = 8 * kBlockN;
-};
-
-struct Barriers {
-  uint64_t q_full;
-  uint64_t k_full[kStages];
-  uint64_t v_full[kStages];
-  uint64_t empty[kStages];
 };
 
 template <typename T>
@@ -192,15 +195,6 @@ __device__ __forceinline__ float ex2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
-}
-
-__device__ __forceinline__ void store_shared_u32(uint32_t addr, uint32_t a) {
-  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(a) : "memory");
-}
-__device__ __forceinline__ float load_shared_f32(uint32_t addr) {
-  float a;
-  asm volatile("ld.volatile.shared.f32 %0, [%1];\n" : "=f"(a) : "r"(addr) : "memory");
-  return a;
 }
 
 __device__ __forceinline__ float max2(float a, float b) { return fmaxf(a, b); }
@@ -249,19 +243,17 @@ __device__ __forceinline__ void issue_pv(float (&pv)[(D + kSumRows) / 2], const 
 }
 
 // Online softmax of one 128-key block for this thread's two rows (i = 0: row `group`, 1: row
-// group + 8 of its warp's 16), in two phases so that the kernel can place them apart. In: the INT32
-// scores, scale[i] = q_scale * k_scale of the block (log2 domain). kMask: key 8c + 2 quad + (e & 1)
-// of column tile c is visible iff 8c + (e & 1) <= limit[i] (limit = last visible key - n0 - 2 quad).
-// softmax_max: the row maxima; updates m_run, sets alpha[i] = exp2(old max - new max) for the output
-// and the row sum, and shift[i] = log2(448) - new max (masked: also x = the scores as float, masked).
-// softmax_exp: x = 448 P in the accumulator layout. (The row sum comes from the P·V wgmma, see
-// issue_pv.) Rows row_begin .. row_end - 1 of the two (constants at every call site).
-template <bool kMask>
-__device__ __forceinline__ void softmax_max(const int32_t (&s)[kSRegs], const float (&scale)[2],
-                                            const int (&limit)[2], float (&m_run)[2], float (&alpha)[2],
-                                            float (&shift)[2], float (&x)[kSRegs], int row_begin, int row_end) {
+// group + 8 of its warp's 16). In: the INT32 scores, scale[i] = q_scale * k_scale of the block (log2
+// domain). kMask: key 8c + 2 quad + (e & 1) of column tile c is visible iff 8c + (e & 1) <= limit[i]
+// (limit = last visible key - n0 - 2 quad). Updates m_run, sets alpha[i] = exp2(old max - new max)
+// for the output and the row sum, and x = 448 P in the accumulator layout. (The row sum comes from
+// the P·V wgmma, see issue_pv.)
+template <bool kMask, bool kBiasCvt>
+__device__ __forceinline__ void softmax(const int32_t (&s)[kSRegs], const float (&scale)[2], const int (&limit)[2],
+                                        float (&m_run)[2], float (&alpha)[2], float (&x)[kSRegs]) {
+  float shift[2];  // log2(448) - the new max
 #pragma unroll
-  for (int i = row_begin; i < row_end; ++i) {
+  for (int i = 0; i < 2; ++i) {
     // Row max over the raw products. Unmasked, over the INT32 scores themselves (the conversion is
     // exact and monotonic, so it is the same value): it need not wait for the conversions, and ptxas
     // fuses the integer maxima into 3-input VIMNMX3 (38 instructions instead of 68 FMNMX; measured
@@ -288,14 +280,8 @@ __device__ __forceinline__ void softmax_max(const int32_t (&s)[kSRegs], const fl
     m_run[i] = m_new;
     shift[i] = kLog2Fp8Max - m_safe;
   }
-}
-
-template <bool kMask, bool kBiasCvt>
-__device__ __forceinline__ void softmax_exp(const int32_t (&s)[kSRegs], const float (&scale)[2],
-                                            const int (&limit)[2], const float (&shift)[2], float (&x)[kSRegs],
-                                            int row_begin, int row_end) {
 #pragma unroll
-  for (int i = row_begin; i < row_end; ++i) {
+  for (int i = 0; i < 2; ++i) {
     // kBiasCvt, unmasked: the score as float by an integer add, v = 1.5 * 2^23 + s exactly (|s| <=
     // 2^21 < 2^22), the bias taken off by the FFMA's addend (one more rounding, at most 0.75 * scale:
     // under one unit of the INT8 product).
@@ -332,18 +318,6 @@ __device__ __forceinline__ void pack_p(const float (&x)[kSRegs], uint32_t (&pa)[
   }
 }
 
-// One word that depends on every value of row i of x (the anchor in the kernel's loop): three-input
-// XORs in four independent chains, so the word is ready soon after the row's last exp2 (one chain
-// of 32 measured 3% slower in the whole kernel).
-__device__ __forceinline__ uint32_t xor_row(const float (&x)[kSRegs], int i) {
-  uint32_t r[4] = {0, 0, 0, 0};
-#pragma unroll
-  for (int c = 0; c < kSTiles; ++c) {
-    r[c % 4] ^= __float_as_uint(x[4 * c + 2 * i]) ^ __float_as_uint(x[4 * c + 2 * i + 1]);
-  }
-  return (r[0] ^ r[1]) ^ (r[2] ^ r[3]);
-}
-
 // The SM's id and the global nanosecond timer, for the timestamps below (compiled only with them).
 #if defined(SAGE_SM90_TRACE) || defined(SAGE_SM90_CTA_TIMES)
 __device__ __forceinline__ long long sm_id() {
@@ -361,10 +335,10 @@ __device__ __forceinline__ long long global_ns() {
 // Phase timestamps for bench/trace_sm90.cu, compiled in only with SAGE_SM90_TRACE defined: thread 0 of
 // each consumer warpgroup of the first kTraceCtas CTAs writes clock64() at the events of every step.
 #ifdef SAGE_SM90_TRACE
-constexpr int kTraceCtas = 2, kTraceBlocks = 64, kTraceEvents = 8;
-__device__ long long g_sm90_trace[kTraceCtas][kConsumerWgs][kTraceBlocks][kTraceEvents];
+constexpr int kTraceCtas = 2, kTraceBlocks = 64, kTraceEvents = 7;
+__device__ long long g_sm90_trace[kTraceCtas][kMaxConsumerWgs][kTraceBlocks][kTraceEvents];
 // Per CTA and consumer warpgroup: clock64 at entry, at the loop, at the end; globaltimer at entry, at the end.
-__device__ long long g_sm90_trace_cta[kTraceCtas][kConsumerWgs][5];
+__device__ long long g_sm90_trace_cta[kTraceCtas][kMaxConsumerWgs][5];
 #define SAGE_TRACE(blk, ev)                                                                              \
   do {                                                                                                   \
     if (trace_on && (blk) < kTraceBlocks) g_sm90_trace[blockIdx.x][cw][(blk)][(ev)] = clock64();          \
@@ -376,7 +350,7 @@ __device__ long long g_sm90_trace_cta[kTraceCtas][kConsumerWgs][5];
 #endif
 // Per-CTA timeline for bench/trace_sm90.cu (SAGE_SM90_CTA_TIMES; the step loop stays as built for the
 // wheel): the SM, globaltimer at entry and exit, clock64 at entry, when Q has landed, after the last
-// promotion, and at the exit of each consumer warpgroup.
+// promotion, and at the exit of the first and of the last consumer warpgroup.
 #ifdef SAGE_SM90_CTA_TIMES
 constexpr int kCtaTimesMax = 1 << 16, kCtaTimeFields = 8;
 __device__ long long g_sm90_cta_times[kCtaTimesMax][kCtaTimeFields];
@@ -399,21 +373,22 @@ __device__ long long g_sm90_cta_times[kCtaTimesMax][kCtaTimeFields];
   } while (0)
 #endif
 
-template <int D, bool kCausal, typename OutT, Sm90Schedule kSchedule>
-__global__ void __launch_bounds__(kThreads, 1)
+template <int D, bool kCausal, typename OutT>
+__global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
     attn_int8_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
                               const AttnSm90Args p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using L = Smem<D>;
+  constexpr int kWgs = consumer_wgs(D);
+  using C = Cta<kWgs>;
+  using L = Smem<D, kWgs>;
+  constexpr int kBlockM = C::kBlockM;
   constexpr int kOTiles = D / 8;  // n8 column tiles of the output accumulator
   constexpr int kPvRegs = (D + kSumRows) / 2;
-  constexpr bool kOverlap = kSchedule != Sm90Schedule::kSerial;
-  constexpr bool kPingPong = kSchedule == Sm90Schedule::kPingPong;
-  // Scores to float by an integer add (softmax_exp) at D = 64, where the softmax alone bounds the step
-  // (4-6% faster than I2FP), and in the causal kernels at D = 128 (1-1.5% faster); the non-causal
-  // D = 128 kernels keep I2FP, 1-3% faster there (bench/NOTES.md).
-  constexpr bool kBiasCvt = D == 64 || kCausal;
+  // Scores to float by an integer add (see softmax) at D = 64, where the softmax bounds the step
+  // (non-causal 4-7% faster than I2FP, causal within 1.5%); at D = 128 the two measure the same, and
+  // the kernels keep I2FP (bench/NOTES.md).
+  constexpr bool kBiasCvt = D == 64;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + L::kAtom - 1) &
                                              ~static_cast<uintptr_t>(L::kAtom - 1));
@@ -428,10 +403,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int block_m = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   const int h = blockIdx.y, b = blockIdx.z, hk = h / (p.heads_q / p.heads_kv);
   const int m0 = block_m * kBlockM;
-  // Causal (top-left): rows m0..m0+127 see keys < m0 + 128 at most. Every block up to there holds
-  // a visible key for every row (block starts <= m0), so no block is fully masked for a warpgroup.
-  const int kv_end = kCausal ? min(p.nk, m0 + kBlockM) : p.nk;
-  const int n_blocks = (kv_end + kBlockN - 1) / kBlockN;
+  // Causal (top-left): the CTA's rows see keys < m0 + kBlockM at most; the producer loads the blocks
+  // up to there, and each consumer warpgroup stops at its own rows' last key (see n_blocks below).
+  const int cta_blocks = ((kCausal ? min(p.nk, m0 + kBlockM) : p.nk) + kBlockN - 1) / kBlockN;
   // Broadcast from lane 0, so that ptxas knows the warpgroup index is warp-uniform: the descriptors
   // derived from it then stay in uniform registers, and the loop top issues the wgmmas without
   // recomputing them and moving them over (R2UR) every step (493 -> 473 instructions per block).
@@ -442,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&bar.k_full[s], 1);
       mbar_init(&bar.v_full[s], 1);
-      mbar_init(&bar.empty[s], kConsumerWarps);
+      mbar_init(&bar.empty[s], C::kConsumerWarps);
     }
     mbar_fence_init();
     tma_prefetch_map(&tm_q);  // the maps are kernel parameters, not the previous kernel's results
@@ -453,7 +427,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   {
     // The ones rows of every Vᵀ stage (TMA never writes them), visible to the wgmma (async proxy).
     constexpr int kChunks = kSumRows * kBlockN / 16;  // 16-byte stores per stage
-    for (int i = threadIdx.x; i < kStages * kChunks; i += kThreads) {
+    for (int i = threadIdx.x; i < kStages * kChunks; i += C::kThreads) {
       const int stage = i / kChunks, chunk = i % kChunks;
       *reinterpret_cast<uint4*>(smem + L::kV + stage * L::kVBytes + L::kVLoadBytes + chunk * 16) =
           make_uint4(kE4m3One4, kE4m3One4, kE4m3One4, kE4m3One4);
@@ -471,7 +445,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       mbar_arrive_expect_tx(&bar.q_full, L::kQBytes);
       tma_load_4d(smem + L::kQ, &tm_q, &bar.q_full, 0, m0, h, b);
-      for (int blk = 0; blk < n_blocks; ++blk) {
+      for (int blk = 0; blk < cta_blocks; ++blk) {
         const int stage = blk % kStages;
         // Round r of a stage reuses it: wait until the consumers released round r - 1.
         if (blk >= kStages) mbar_wait(&bar.empty[stage], ((blk / kStages) - 1) & 1);
@@ -495,8 +469,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ------------------------------------------------------------------------------------ consumers
-  setmaxnreg_inc<kConsumerRegs>();
+  setmaxnreg_inc<C::kConsumerRegs>();
   const int cw = wg - 1;  // consumer warpgroup: rows m0 + 64 * cw ..
+  // Causal: rows m0 + 64 cw .. + 63 see keys < m0 + 64 (cw + 1). Every block before the last one
+  // ends before key m0 + 64 cw (a multiple of 64), so each of those blocks holds a visible key for
+  // every row of the warpgroup and only its last block needs the mask. A warpgroup that stops one
+  // block before the CTA's last leaves that block's empty barrier short of its arrivals; nothing
+  // waits on it (the producer refills a stage only for a block kStages later).
+  const int n_blocks = ((kCausal ? min(p.nk, m0 + (cw + 1) * kWgRows) : p.nk) + kBlockN - 1) / kBlockN;
   const int t = threadIdx.x % kWgThreads;
   const int warp = t / 32, lane = t % 32;
   const int group = lane / 4, quad = lane % 4;
@@ -519,9 +499,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float* ks_base = p.k_scale + b * p.k_scale_strides.b + hk * p.k_scale_strides.h;
 
   const uint32_t smem_u32 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  // This thread's two anchor slots (see the loop): row 0's XOR, row 1's shift (or running max).
-  const uint32_t anchor = smem_u32 + L::kAnchor + (threadIdx.x - kWgThreads) * 4;
-  const uint32_t pin_slot = anchor + kAnchorSlots * 4;
   const uint64_t desc_q = wgmma_desc(smem_u32 + L::kQ + cw * kWgRows * D, L::kQKGroupBytes, L::kQKSwizzle);
   // A descriptor's low 14 bits are the address / 16, and shared addresses stay below 2^18 (228 KiB):
   // moving a descriptor to another stage is an add, with no carry out of the field.
@@ -537,66 +514,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   float m_run[2] = {neg_inf(), neg_inf()};
   float l_run[2] = {0.0f, 0.0f};  // 448 x the row sums of P as e4m3 (every lane of a quad holds them)
 
-  // Softmax of block `blk` whose scores are in s. Only the last block of a CTA can hold masked keys:
-  // every earlier block ends before key m0, the CTA's first row (causal: kv_end <= m0 + 128, and
-  // block starts and m0 are multiples of 128), and before Nk. The last block takes the masked
-  // variant (correct for any block), the others skip its compares and selects. `masked` is a
-  // constant at every call site of the overlapped schedules, so the branch folds away there.
-  // Phases: the maxima of rows max_begin .. max_end - 1, then the exp2 of rows exp_begin .. exp_end - 1.
-  const auto softmax = [&](int blk, float k_scale, const int32_t(&s)[kSRegs], float(&alpha)[2], float(&shift)[2],
-                           float(&x)[kSRegs], bool masked, int max_begin, int max_end, int exp_begin, int exp_end) {
-    const float scale[2] = {q_scale[0] * k_scale, q_scale[1] * k_scale};  // the product first, as sage_ref
-    if (masked) {
-      const int n0 = blk * kBlockN;
-      int limit[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) limit[i] = (kCausal ? min(p.nk - 1, row[i]) : p.nk - 1) - n0 - 2 * quad;
-      softmax_max<true>(s, scale, limit, m_run, alpha, shift, x, max_begin, max_end);
-      softmax_exp<true, kBiasCvt>(s, scale, limit, shift, x, exp_begin, exp_end);
-    } else {
-      const int limit[2] = {0, 0};  // unused
-      softmax_max<false>(s, scale, limit, m_run, alpha, shift, x, max_begin, max_end);
-      softmax_exp<false, kBiasCvt>(s, scale, limit, shift, x, exp_begin, exp_end);
-    }
-  };
-  // O = O * alpha + O_blk and l = l * alpha + the block's row sums (the pv columns past D, see
-  // issue_pv: registers D/2 and D/2 + 2 hold column D + 2 quad of rows `group` and group + 8), once
-  // the P·V wgmma group of the block has completed; then this warp's last reads of the stage are
-  // done: release it to the producer.
-  const auto promote = [&](int stage, const float(&alpha)[2], float(&pv)[kPvRegs]) {
-    fence_operands(pv);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&bar.empty[stage]);
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = fmaf(o[i], alpha[(i / 2) % 2], pv[i]);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) l_run[i] = fmaf(l_run[i], alpha[i], pv[D / 2 + 2 * i]);
-  };
-  // Ping-pong turns: n_blocks + 1 per warpgroup (Q·Kᵀ of block 0; then Q·Kᵀ of j+1 with P·V of j;
-  // then P·V of the last block). Warpgroup 1 goes first: warpgroup 2 arrives on its barrier once
-  // up front and skips its own last arrival, so every barrier phase is completed exactly once.
-  const auto turn_begin = [&]() {
-    if constexpr (kPingPong) named_barrier_sync(kTurnBarrier + cw, kTurnThreads);
-  };
-  const auto turn_end = [&](bool last) {
-    if constexpr (kPingPong) {
-      if (!(last && cw == kConsumerWgs - 1)) named_barrier_arrive(kTurnBarrier + (cw + 1) % kConsumerWgs, kTurnThreads);
-    }
-  };
-  if constexpr (kPingPong) {
-    if (cw == 1) named_barrier_arrive(kTurnBarrier, kTurnThreads);
-  }
-
-  int32_t s[kSRegs];        // Q·Kᵀ accumulator
-  float x[kSRegs];          // 448 P of the block whose softmax ran last
-  float pv[kPvRegs];        // P·V accumulator of one block, row sums included
-  uint32_t pa[kPSteps][4];  // P of the block whose P·V is issued next, e4m3
-  float alpha[2];           // the output's rescale before that block's P·V is added
-  float shift[2];           // log2(448) - the running max, per row (softmax_max)
-  // V's channel scales of this thread's output columns, fetched while the last P·V runs so that their
-  // latency hides behind it. (Loaded among the output stores, they came in batches, each waiting for
-  // its own trip to L2: ptxas keeps a load below a store it cannot prove disjoint. That cost about
-  // 5,000 cycles per CTA.)
+  // V's channel scales of this thread's output columns, loaded before the output's stores. (Loaded
+  // among them, they came in batches, each waiting for its own trip to L2: ptxas keeps a load below a
+  // store it cannot prove disjoint. That cost about 5,000 cycles per CTA.)
   float v_sc[kOTiles][2];
   const auto fetch_v_scales = [&]() {
     const float* vs_base = p.v_scale + b * p.v_scale_strides.b + hk * p.v_scale_strides.h;
@@ -607,126 +527,69 @@ __global__ void __launch_bounds__(kThreads, 1)
       v_sc[c][1] = ch < p.head_dim ? __ldg(vs_base + ch + 1) : 0.0f;
     }
   };
+
+  int32_t s[kSRegs];        // Q·Kᵀ accumulator
+  float x[kSRegs];          // 448 P of the block
+  float pv[kPvRegs];        // P·V accumulator of one block, row sums included
+  uint32_t pa[kPSteps][4];  // P of the block, e4m3
+  float alpha[2];           // the output's rescale before the block's P·V is added
+  // One key block: Q·Kᵀ (waits for K only, so it starts before Vᵀ has landed), the softmax, P·V into
+  // a fresh accumulator, and the promotion O = O * alpha + O_blk, l = l * alpha + the block's row sums
+  // (the pv columns past D, see issue_pv: registers D/2 and D/2 + 2 hold column D + 2 quad of rows
+  // `group` and group + 8). Once the P·V wgmma group has completed, this warp's last reads of the
+  // stage are done: it releases the stage to the producer. Only the last block can hold masked keys
+  // (see n_blocks): it takes the masked softmax (correct for any block), the others skip its compares
+  // and selects; `masked` is a constant at both call sites, so the branch folds away.
+  const auto step = [&](int blk, bool masked) {
+    const int stage = blk % kStages;
+    const uint32_t parity = (blk / kStages) & 1;
+    const float k_scale = k_scale_of(blk);  // its latency hides behind the Q·Kᵀ
+    SAGE_TRACE(blk, 0);
+    mbar_wait(&bar.k_full[stage], parity);
+    SAGE_TRACE(blk, 1);
+    wgmma_fence();
+    issue_qk<D>(s, desc_q, desc_k(stage));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(s);
+    SAGE_TRACE(blk, 2);
+    const float scale[2] = {q_scale[0] * k_scale, q_scale[1] * k_scale};  // the product first, as sage_ref
+    if (masked) {
+      const int n0 = blk * kBlockN;
+      int limit[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) limit[i] = (kCausal ? min(p.nk - 1, row[i]) : p.nk - 1) - n0 - 2 * quad;
+      softmax<true, kBiasCvt>(s, scale, limit, m_run, alpha, x);
+    } else {
+      const int limit[2] = {0, 0};  // unused
+      softmax<false, kBiasCvt>(s, scale, limit, m_run, alpha, x);
+    }
+    pack_p(x, pa);
+    SAGE_TRACE(blk, 3);
+    mbar_wait(&bar.v_full[stage], parity);
+    SAGE_TRACE(blk, 4);
+    wgmma_fence();
+    issue_pv<D>(pv, pa, desc_v(stage));
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(pv);
+    SAGE_TRACE(blk, 5);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&bar.empty[stage]);
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = fmaf(o[i], alpha[(i / 2) % 2], pv[i]);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l_run[i] = fmaf(l_run[i], alpha[i], pv[D / 2 + 2 * i]);
+    SAGE_TRACE(blk, 6);
+  };
   mbar_wait(&bar.q_full, 0);
   SAGE_TRACE_CTA(1, clock64());
   if (cw == 0 && t == 0) SAGE_CTA_TIME(3, clock64());
-
-  if constexpr (!kOverlap) {
-    for (int blk = 0; blk < n_blocks; ++blk) {
-      const int stage = blk % kStages;
-      const uint32_t parity = (blk / kStages) & 1;
-      const float k_scale = k_scale_of(blk);
-      mbar_wait(&bar.k_full[stage], parity);
-      wgmma_fence();
-      issue_qk<D>(s, desc_q, desc_k(stage));
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_operands(s);
-      softmax(blk, k_scale, s, alpha, shift, x, blk == n_blocks - 1, 0, 2, 0, 2);
-      pack_p(x, pa);
-      mbar_wait(&bar.v_full[stage], parity);
-      wgmma_fence();
-      issue_pv<D>(pv, pa, desc_v(stage));
-      wgmma_commit();
-      wgmma_wait<0>();
-      promote(stage, alpha, pv);
-    }
-    fetch_v_scales();
-  } else {
-    // Prologue: Q·Kᵀ and softmax of block 0.
-    {
-      const float k_scale = k_scale_of(0);
-      mbar_wait(&bar.k_full[0], 0);
-      turn_begin();
-      wgmma_fence();
-      issue_qk<D>(s, desc_q, desc_k(0));
-      wgmma_commit();
-      turn_end(false);
-      wgmma_wait<0>();
-      fence_operands(s);
-      softmax(0, k_scale, s, alpha, shift, x, n_blocks == 1, 0, 2, 0, 2);
-      pack_p(x, pa);
-    }
-    bool tiles_ready = false;  // the next step's K and Vᵀ tiles are known to be in (see the step)
-    // Steady state, entered with P and alpha of block blk: P·V of blk, Q·Kᵀ and softmax of blk + 1.
-    const auto step = [&](int blk, bool masked) {
-      const int stage = blk % kStages, next_stage = (blk + 1) % kStages;
-      const float k_scale = k_scale_of(blk + 1);  // its latency hides behind the Q·Kᵀ
-      SAGE_TRACE(blk, 0);
-      if (!tiles_ready) {
-        mbar_wait(&bar.k_full[next_stage], ((blk + 1) / kStages) & 1);
-        mbar_wait(&bar.v_full[stage], (blk / kStages) & 1);
-      }
-      SAGE_TRACE(blk, 1);
-      turn_begin();
-      SAGE_TRACE(blk, 2);
-      // One fence for both groups: s was read by the last softmax, pa written by the last packing,
-      // pv read by the last promotion.
-      wgmma_fence();
-      issue_qk<D>(s, desc_q, desc_k(next_stage));
-      wgmma_commit();
-      issue_pv<D>(pv, pa, desc_v(stage));
-      wgmma_commit();
-      turn_end(false);
-      SAGE_TRACE(blk, 3);
-      wgmma_wait<1>();  // the Q·Kᵀ group (the older one) has completed; P·V of blk may still run
-      fence_operands(s);
-      SAGE_TRACE(blk, 4);
-      float alpha_next[2];
-      // The exp2 of row 0 run before the P·V wait, those of row 1 after it, among the promotion's
-      // FFMAs: row 0's exp2 keep the MUFU busy while the P·V runs, and the promotion no longer
-      // follows the whole softmax (measured 6.5% faster than the whole softmax before the wait).
-      // Both rows' maxima come before the wait: row 1's integer maxima and shuffles fill the gaps
-      // between row 0's exp2 instead of sitting on the path after the wait (measured 0.5-1%).
-      // ptxas keeps shared-memory accesses on their side of a wgmma wait (wgmma reads shared memory),
-      // and nothing else: left alone it moves the wait above the softmax (to end the P·V accumulator's
-      // registers sooner) and every exp2 below it. Two shared-memory round trips pin the halves:
-      // before the wait, a store of a word that depends on every exp2 of row 0 (to a slot nothing
-      // reads); after it, row 1's shift (log2(448) - its max) is read back from a slot it was stored
-      // to before (pin_slot).
-      // (The masked last step keeps row 1's maximum after the wait: its masked scores would be 32 more
-      // registers live across it, and the kernel would spill.)
-      softmax(blk + 1, k_scale, s, alpha_next, shift, x, masked, 0, masked ? 1 : 2, 0, 1);
-      store_shared_u32(anchor, xor_row(x, 0));
-      float& pinned = masked ? m_run[1] : shift[1];
-      store_shared_u32(pin_slot, __float_as_uint(pinned));
-      SAGE_TRACE(blk, 5);
-      wgmma_wait<0>();
-      pinned = load_shared_f32(pin_slot);
-      // Whether the next step's K and Vᵀ tiles have landed, asked now: at the next step's top the
-      // answer is in, and its waits run only when it was no (a try_wait there, whose latency sat
-      // on every step's path, cost 1.5-2%).
-      tiles_ready = mbar_test(&bar.k_full[(blk + 2) % kStages], ((blk + 2) / kStages) & 1) &
-                    mbar_test(&bar.v_full[next_stage], ((blk + 1) / kStages) & 1);
-      SAGE_TRACE(blk, 6);
-      promote(stage, alpha, pv);
-      softmax(blk + 1, k_scale, s, alpha_next, shift, x, masked, 1, masked ? 2 : 1, 1, 2);
-      // P is packed only now: pa was being read by the P·V wgmma until the wait. (Packing into a
-      // second buffer during the softmax instead makes ptxas serialize every wgmma, C7513: it gives
-      // both buffers the same registers.)
-      pack_p(x, pa);
-      SAGE_TRACE(blk, 7);
-      alpha[0] = alpha_next[0];
-      alpha[1] = alpha_next[1];
-    };
-    // The last step (softmax of the last block, masked) is peeled off the loop, so that the loop
-    // holds the unmasked softmax only (with both in the loop, the causal kernels spilled).
-    for (int blk = 0; blk + 2 < n_blocks; ++blk) step(blk, false);
-    if (n_blocks >= 2) step(n_blocks - 2, true);
-    // Epilogue: P·V of the last block.
-    {
-      const int last = n_blocks - 1, stage = last % kStages;
-      mbar_wait(&bar.v_full[stage], (last / kStages) & 1);
-      turn_begin();
-      wgmma_fence();
-      issue_pv<D>(pv, pa, desc_v(stage));
-      wgmma_commit();
-      turn_end(true);
-      fetch_v_scales();
-      wgmma_wait<0>();
-      promote(stage, alpha, pv);
-    }
-  }
+  // The last block peeled off the loop: the loop holds the unmasked softmax only (with both, the
+  // consumers' registers would not hold the masked scores as well).
+  for (int blk = 0; blk + 1 < n_blocks; ++blk) step(blk, false);
+  step(n_blocks - 1, true);
+  fetch_v_scales();
 
   if (cw == 0 && t == 0) SAGE_CTA_TIME(4, clock64());
   // Epilogue: divide by the row sum (448 x the reference's, which divides by sum * 448), multiply by
@@ -774,32 +637,33 @@ __global__ void __launch_bounds__(kThreads, 1)
       p.lse[off] = lse;
     }
   }
-  if (t == 0) SAGE_CTA_TIME(5 + cw, clock64());
+  if (t == 0 && (cw == 0 || cw == kWgs - 1)) SAGE_CTA_TIME(cw == 0 ? 5 : 6, clock64());
   if (cw == 0 && t == 0) SAGE_CTA_TIME(7, global_ns());
   SAGE_TRACE_CTA(2, clock64());
   SAGE_TRACE_CTA(4, global_ns());
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
-// Tensor maps: Q/K as [B, H, N, d_pad] boxes of (D bytes x 128 rows), Vᵀ as [B, Hkv, d_pad, n_pad]
-// boxes of (128 keys x D channels). 4-d maps keep every tile inside its own (batch, head): rows
+// Tensor maps: Q and K as [B, H, N, d_pad] boxes of D bytes x kBlockM (Q) or 128 (K) rows, Vᵀ as
+// [B, Hkv, d_pad, n_pad] boxes of (128 keys x D channels). 4-d maps keep every tile inside its own (batch, head): rows
 // past N (or keys past n_pad) come back as zeros instead of the next head's data.
-template <int D>
+template <int D, int kBlockM>
 cudaError_t make_maps(const AttnSm90Args& a, CUtensorMap* tm_q, CUtensorMap* tm_k, CUtensorMap* tm_v,
                       CUtensorMap* tm_o) {
   const CUtensorMapSwizzle qk_swizzle = D == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
-  const uint32_t qk_box[4] = {static_cast<uint32_t>(D), static_cast<uint32_t>(kBlockN), 1, 1};
+  const uint32_t q_box[4] = {static_cast<uint32_t>(D), static_cast<uint32_t>(kBlockM), 1, 1};
+  const uint32_t k_box[4] = {static_cast<uint32_t>(D), static_cast<uint32_t>(kBlockN), 1, 1};
   {
     const uint64_t dims[4] = {u(a.d_pad), u(a.nq), u(a.heads_q), u(a.batch)};
     const uint64_t strides[3] = {u(a.q_strides.n), u(a.q_strides.h), u(a.q_strides.b)};
-    const cudaError_t err = make_tensor_map_4d(tm_q, a.q, dims, strides, qk_box, qk_swizzle);
+    const cudaError_t err = make_tensor_map_4d(tm_q, a.q, dims, strides, q_box, qk_swizzle);
     if (err != cudaSuccess) return err;
   }
   {
     const uint64_t dims[4] = {u(a.d_pad), u(a.nk), u(a.heads_kv), u(a.batch)};
     const uint64_t strides[3] = {u(a.k_strides.n), u(a.k_strides.h), u(a.k_strides.b)};
-    const cudaError_t err = make_tensor_map_4d(tm_k, a.k, dims, strides, qk_box, qk_swizzle);
+    const cudaError_t err = make_tensor_map_4d(tm_k, a.k, dims, strides, k_box, qk_swizzle);
     if (err != cudaSuccess) return err;
   }
   {
@@ -819,14 +683,15 @@ cudaError_t make_maps(const AttnSm90Args& a, CUtensorMap* tm_q, CUtensorMap* tm_
   return make_tensor_map_4d(tm_o, a.out, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
-template <int D, bool kCausal, typename OutT, Sm90Schedule kSchedule>
+template <int D, bool kCausal, typename OutT>
 cudaError_t launch(const AttnSm90Args& args, cudaStream_t stream) {
   CUtensorMap tm_q, tm_k, tm_v, tm_o;
-  cudaError_t err = make_maps<D>(args, &tm_q, &tm_k, &tm_v, &tm_o);
+  using C = Cta<consumer_wgs(D)>;
+  cudaError_t err = make_maps<D, C::kBlockM>(args, &tm_q, &tm_k, &tm_v, &tm_o);
   if (err != cudaSuccess) return err;
   static_assert(sizeof(OutT) == 2, "make_maps describes the output as 2-byte elements");
-  auto* kernel = attn_int8_fp8_sm90_kernel<D, kCausal, OutT, kSchedule>;
-  constexpr int kSmem = Smem<D>::kAlloc;  // above the 48 KiB default: opt in
+  auto* kernel = attn_int8_fp8_sm90_kernel<D, kCausal, OutT>;
+  constexpr int kSmem = Smem<D, consumer_wgs(D)>::kAlloc;  // above the 48 KiB default: opt in
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
   // Programmatic stream serialization: the CTAs may start (barriers, the ones rows) while the kernel
@@ -836,8 +701,8 @@ cudaError_t launch(const AttnSm90Args& args, cudaStream_t stream) {
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3((args.nq + kBlockM - 1) / kBlockM, args.heads_q, args.batch);
-  config.blockDim = dim3(kThreads);
+  config.gridDim = dim3((args.nq + C::kBlockM - 1) / C::kBlockM, args.heads_q, args.batch);
+  config.blockDim = dim3(C::kThreads);
   config.dynamicSmemBytes = kSmem;
   config.stream = stream;
   config.attrs = attr;
@@ -845,42 +710,15 @@ cudaError_t launch(const AttnSm90Args& args, cudaStream_t stream) {
   return cudaLaunchKernelEx(&config, kernel, tm_q, tm_k, tm_v, tm_o, args);
 }
 
-template <int D, bool kCausal, Sm90Schedule kSchedule>
+template <int D, bool kCausal>
 cudaError_t launch_out(const AttnSm90Args& args, cudaStream_t stream) {
-  return args.out_type == HalfType::kFloat16 ? launch<D, kCausal, __half, kSchedule>(args, stream)
-                                             : launch<D, kCausal, __nv_bfloat16, kSchedule>(args, stream);
+  return args.out_type == HalfType::kFloat16 ? launch<D, kCausal, __half>(args, stream)
+                                             : launch<D, kCausal, __nv_bfloat16>(args, stream);
 }
 
-template <int D, Sm90Schedule kSchedule>
+template <int D>
 cudaError_t launch_causal(const AttnSm90Args& args, cudaStream_t stream) {
-  return args.causal ? launch_out<D, true, kSchedule>(args, stream) : launch_out<D, false, kSchedule>(args, stream);
-}
-
-template <Sm90Schedule kSchedule>
-cudaError_t launch_schedule(const AttnSm90Args& args, cudaStream_t stream) {
-  switch (args.d_pad) {
-    case 64:
-      return launch_causal<64, kSchedule>(args, stream);
-    case 128:
-      return launch_causal<128, kSchedule>(args, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
-
-// SAGEATTN_SM90_SCHEDULE (attn.h): read at every launch, so a benchmark can switch it between calls.
-bool schedule_from_env(Sm90Schedule* schedule) {
-  const char* name = std::getenv("SAGEATTN_SM90_SCHEDULE");
-  *schedule = Sm90Schedule::kOverlap;
-  if (name == nullptr || name[0] == '\0') return true;
-  if (std::strcmp(name, "serial") == 0) {
-    *schedule = Sm90Schedule::kSerial;
-  } else if (std::strcmp(name, "pingpong") == 0) {
-    *schedule = Sm90Schedule::kPingPong;
-  } else if (std::strcmp(name, "overlap") != 0) {
-    return false;
-  }
-  return true;
+  return args.causal ? launch_out<D, true>(args, stream) : launch_out<D, false>(args, stream);
 }
 
 }  // namespace
@@ -889,8 +727,6 @@ cudaError_t launch_qk_int8_sv_f8_attn_sm90(const AttnSm90Args& args, cudaStream_
   if (args.head_dim <= 0 || args.head_dim % 8 != 0 || args.head_dim > args.d_pad) return cudaErrorInvalidValue;
   if (args.heads_kv < 1 || args.heads_q % args.heads_kv != 0) return cudaErrorInvalidValue;
   if (args.n_pad < args.nk || args.n_pad % kSm90KeyPermuteGroup != 0) return cudaErrorInvalidValue;
-  Sm90Schedule schedule;
-  if (!schedule_from_env(&schedule)) return cudaErrorInvalidValue;
   if (args.nq == 0 || args.batch == 0 || args.heads_q == 0) return cudaSuccess;  // nothing to compute
   if (args.nk <= 0) return cudaErrorInvalidValue;
   // The kernel body exists only in sm_90a code; on any other GPU this module has no kernel to run.
@@ -900,13 +736,13 @@ cudaError_t launch_qk_int8_sv_f8_attn_sm90(const AttnSm90Args& args, cudaStream_
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
   if (err != cudaSuccess) return err;
   if (major != 9 || minor != 0) return cudaErrorNoKernelImageForDevice;
-  switch (schedule) {
-    case Sm90Schedule::kSerial:
-      return launch_schedule<Sm90Schedule::kSerial>(args, stream);
-    case Sm90Schedule::kPingPong:
-      return launch_schedule<Sm90Schedule::kPingPong>(args, stream);
+  switch (args.d_pad) {
+    case 64:
+      return launch_causal<64>(args, stream);
+    case 128:
+      return launch_causal<128>(args, stream);
     default:
-      return launch_schedule<Sm90Schedule::kOverlap>(args, stream);
+      return cudaErrorInvalidValue;
   }
 }
 

@@ -2,8 +2,8 @@
 
 * ``mma``: the helpers of the compiled kernel tests (test_cuda_kernels.py), also used elsewhere:
   input makers, the DESIGN.md protocol inputs, and checks whose failure messages say where the
-  error sits in the kernels' tiling (128-row CTAs of 8 warps x 16 rows, in the sm_90a
-  kernel two consumer warpgroups of 4 warps; a thread's output channels are 2 * (lane % 4) + {0, 1}
+  error sits in the kernels' tiling (128-row tiles of 8 warps x 16 rows; the sm_90a kernel's
+  warpgroups of 4 warps hold 64 rows each; a thread's output channels are 2 * (lane % 4) + {0, 1}
   of each 8), which usually tells a mask, a fragment layout, a key permutation or an unwritten tile
   apart.
 * ``sage_backend``: parametrizes a test over every quantized entry point (``sageattn`` and the named
@@ -100,7 +100,7 @@ def where_it_differs(out: torch.Tensor, ref: torch.Tensor) -> str:
     )
     lines.append("worst (b, h): " + _top(err.amax(dim=(2, 3)), ("b", "h")))
     row_err = torch.nn.functional.pad(err.amax(dim=-1), (0, (-n) % CTA_ROWS)).view(b, h, -1, CTA_ROWS)
-    lines.append("worst 128-row CTAs: " + _top(row_err.amax(dim=-1), ("b", "h", "cta")))
+    lines.append("worst 128-row tiles: " + _top(row_err.amax(dim=-1), ("b", "h", "cta")))
     by_warp = row_err.amax(dim=(0, 1, 2)).view(-1, WARP_ROWS).amax(dim=-1).tolist()
     lines.append("max error by warp of a CTA: " + " ".join(f"{x:.2g}" for x in by_warp))
     in_warp = row_err.amax(dim=(0, 1, 2)).view(-1, WARP_ROWS).amax(dim=0).tolist()

@@ -51,16 +51,16 @@ meets it (~0.012 on the Triton path, which shares this quantization). The LSE wi
 and 0.1 (outliers: the first causal rows see one key, so their LSE is one score with the full INT8
 error of Q, twice as large with Q x2).
 
-The sm90 kernel has three schedules (csrc/sm90/attn.h, Sm90Schedule; SAGEATTN_SM90_SCHEDULE picks one
-at each launch, default overlap). They run the same instructions on the same data in different
-orders, so their outputs must agree bit for bit: a difference means a race (a register or tile read
-before its wgmma or TMA copy completed, or overwritten while one still reads it).
+The sm90 kernel's consumer warpgroups (3 at d_pad 128, 4 at 64, 64 rows each) stop at their own
+last key block in causal attention, so a CTA's warpgroups can run different block counts: the
+block-count test covers 1, 2, 3, 8 and 32 blocks, causal and not.
 
 Inputs and checks come from conftest's ``mma`` fixture. Its failure messages say where the error
-sits in 128-row CTAs of 8 warps x 16 rows, the tiling of all three kernels (sm90: two consumer
-warpgroups of 4 warps; warps 0-3 are the first warpgroup): batch, head, row, channel of the worst
-element, the worst heads, CTAs, warps and channels, where NaNs are. That is usually enough to tell a
-mask, a swizzle, a fragment layout or an unwritten tile apart.
+sits in 128-row tiles of 8 warps x 16 rows, the tiling of the sm80 and sm89 kernels (sm90's CTAs
+hold 192 or 256 rows, 64 per warpgroup of 4 warps, so its warps 0-3 and 4-7 are its first two
+warpgroups' rows): batch, head, row, channel of the worst element, the worst heads, CTAs, warps and
+channels, where NaNs are. That is usually enough to tell a mask, a swizzle, a fragment layout or an
+unwritten tile apart.
 """
 
 from __future__ import annotations
@@ -132,8 +132,8 @@ class Kernel:
     public_accums: tuple[str, ...] = ()
     #: what the public variant says when given pv_accum_dtype="fp16" (a regex)
     public_accum_error: str | None = None
-    #: the schedules SAGEATTN_SM90_SCHEDULE picks from; () for a kernel with one
-    schedules: tuple[str, ...] = ()
+    #: whether a CTA's warpgroups run their own causal block counts (the block-count test)
+    per_warpgroup_blocks: bool = False
 
 
 KERNELS = {
@@ -176,7 +176,7 @@ KERNELS = {
         # moves by up to 1/16 of that element's share of the row. Seen:
         # at most 2.5e-3 over the tests' rows (H100, 2026-11-23); the other suites' LSE bound.
         lse_atol=1e-2,
-        schedules=("serial", "overlap", "pingpong"),
+        per_warpgroup_blocks=True,
     ),
 }
 FP16_KERNELS = tuple(name for name, kernel in KERNELS.items() if kernel.pv is PVDtype.FP16)
@@ -546,7 +546,7 @@ def test_launcher_compiles_without_graph_breaks(sage_backend, metrics, mma):
 
 # --------------------------------------------------------------------------------------------------
 # The sm90 kernel: the launcher's one op against the two it combines, the permuted FP8 V it reads
-# (quant_v_fp8(..., permute_keys=True)), bit for bit, and its schedules
+# (quant_v_fp8(..., permute_keys=True)), bit for bit, and its block counts
 
 
 def _two_ops_sm90(q, k, v, *, is_causal, sm_scale, smooth_k, return_lse):
@@ -637,36 +637,19 @@ def test_quant_v_fp8_permute_keys_needs_groups_of_16(sage_backend, mma):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("nq,nk", [(64, 100), (200, 256), (300, 260), (1000, 1000), (129, 4095)])
-@on(*supporting("schedules"))
-def test_schedules_agree_bit_for_bit(sage_backend, metrics, monkeypatch, causal, d, nq, nk, mma):
-    """1, 2, 3, 8 and 32 key blocks (the overlapped schedules peel the last step off their loop;
-    ping-pong's turn counting depends on the block count), GQA, both output dtypes."""
-    schedules = KERNELS[sage_backend.name].schedules
+@on(*supporting("per_warpgroup_blocks"))
+def test_block_counts(sage_backend, metrics, causal, d, nq, nk, mma):
+    """1, 2, 3, 8 and 32 key blocks (the last one is peeled off the loop; causal, the warpgroups of
+    a CTA stop at different blocks, and some hold rows past nq), GQA, both output dtypes, with the
+    LSE, into poisoned memory."""
     dtype = torch.bfloat16 if nk % 2 == 0 else torch.float16
     q = mma.make(2, 4, nq, d, "NHD", dtype, 40)
     k, v = mma.make(2, 2, nk, d, "NHD", dtype, 41), mma.make(2, 2, nk, d, "NHD", dtype, 42)
-    results = {}
-    for schedule in schedules:
-        monkeypatch.setenv("SAGEATTN_SM90_SCHEDULE", schedule)
-        mma.poison_allocator(((2, 4, nq, d), dtype), ((2, 4, nq), torch.float32))
-        results[schedule] = run_kernel(sage_backend, q, k, v, causal=causal, return_lse=True)
-    out, lse = results[schedules[0]]
-    mma.check_tight(metrics, out, reference(sage_backend, q, k, v, causal=causal), sage_backend.pv)
-    for schedule in schedules[1:]:
-        other, other_lse = results[schedule]
-        if not torch.equal(other, out):
-            raise AssertionError(
-                f"{schedule} differs from {schedules[0]}\n{mma.where_it_differs(other, out)}"
-            )
-        assert torch.equal(other_lse, lse), f"{schedule}: LSE differs from {schedules[0]}"
-
-
-@on(*supporting("schedules"))
-def test_unknown_schedule_is_rejected(sage_backend, monkeypatch, mma):
-    q, k, v = (mma.make(1, 2, 70, 64, "HND", torch.float16, s) for s in (43, 44, 45))
-    monkeypatch.setenv("SAGEATTN_SM90_SCHEDULE", "fastest")
-    with pytest.raises(RuntimeError, match="invalid argument"):
-        run_kernel(sage_backend, q, k, v, causal=False)
+    mma.poison_allocator(((2, 4, nq, d), dtype), ((2, 4, nq), torch.float32))
+    out, lse = run_kernel(sage_backend, q, k, v, causal=causal, return_lse=True)
+    ref, ref_lse = reference(sage_backend, q, k, v, causal=causal, return_lse=True)
+    mma.check_tight(metrics, out, ref, sage_backend.pv)
+    mma.check_lse(lse, ref_lse, atol=KERNELS[sage_backend.name].lse_atol)
 
 
 # --------------------------------------------------------------------------------------------------
