@@ -51,9 +51,10 @@
 // diagonal (a warpgroup's last block), by a warp-uniform branch.
 //
 // Pipeline. Per stage: a full barrier for K, one for Vᵀ (so Q·Kᵀ starts before Vᵀ has landed),
-// and an empty barrier that the 4 kWgs consumer warps arrive on once their P·V wgmma group, the
-// last reader of the stage, has completed. The producer refills a stage only after its empty
-// barrier completes.
+// and an empty barrier that the active consumer warps arrive on once their P·V wgmma group, the
+// last reader of the stage, has completed (active: the warpgroups with a row below Nq; in a head's
+// last CTA the others leave at once). The producer refills a stage only after its empty barrier
+// completes.
 //
 // Shared memory (bytes), all tiles K-major and written by TMA with the swizzle the wgmma
 // descriptors name, each tile aligned to its 1024-byte swizzle atom, D = 128 (3 consumers) / D = 64
@@ -128,7 +129,6 @@ struct Cta {
   static_assert(kWgs >= 2 && kWgs <= kMaxConsumerWgs, "2 to 4 consumer warpgroups");
   static constexpr int kThreads = (1 + kWgs) * kWgThreads;
   static constexpr int kBlockM = kWgs * kWgRows;               // query rows per CTA
-  static constexpr int kConsumerWarps = kWgs * kWgThreads / 32;  // arrivals per empty-barrier phase
   // setmaxnreg target of a consumer: the CTA's registers at launch (65536 / kThreads per thread, in
   // multiples of 8) less the producer's, shared evenly, in multiples of 8: 240 for 2 warpgroups, 160
   // for 3, 112 for 4. (setmaxnreg.inc waits until the CTA's pool has the registers: asking for more
@@ -403,9 +403,12 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
   const int block_m = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
   const int h = blockIdx.y, b = blockIdx.z, hk = h / (p.heads_q / p.heads_kv);
   const int m0 = block_m * kBlockM;
-  // Causal (top-left): the CTA's rows see keys < m0 + kBlockM at most; the producer loads the blocks
-  // up to there, and each consumer warpgroup stops at its own rows' last key (see n_blocks below).
-  const int cta_blocks = ((kCausal ? min(p.nk, m0 + kBlockM) : p.nk) + kBlockN - 1) / kBlockN;
+  // The consumer warpgroups that hold a row below Nq; the others (in a head's last CTA) leave at once.
+  const int active_wgs = min(kWgs, (p.nq - m0 + kWgRows - 1) / kWgRows);
+  // Causal (top-left): the active rows see keys < m0 + 64 active_wgs at most; the producer loads the
+  // blocks up to there, and each consumer warpgroup stops at its own rows' last key (see n_blocks).
+  const int cta_blocks =
+      ((kCausal ? min(p.nk, m0 + active_wgs * kWgRows) : p.nk) + kBlockN - 1) / kBlockN;
   // Broadcast from lane 0, so that ptxas knows the warpgroup index is warp-uniform: the descriptors
   // derived from it then stay in uniform registers, and the loop top issues the wgmmas without
   // recomputing them and moving them over (R2UR) every step (493 -> 473 instructions per block).
@@ -416,7 +419,7 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&bar.k_full[s], 1);
       mbar_init(&bar.v_full[s], 1);
-      mbar_init(&bar.empty[s], C::kConsumerWarps);
+      mbar_init(&bar.empty[s], active_wgs * kWgThreads / 32);  // the active consumer warps
     }
     mbar_fence_init();
     tma_prefetch_map(&tm_q);  // the maps are kernel parameters, not the previous kernel's results
@@ -471,6 +474,7 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
   // ------------------------------------------------------------------------------------ consumers
   setmaxnreg_inc<C::kConsumerRegs>();
   const int cw = wg - 1;  // consumer warpgroup: rows m0 + 64 * cw ..
+  if (cw >= active_wgs) return;  // rows all past Nq: nothing to compute, nothing to store
   // Causal: rows m0 + 64 cw .. + 63 see keys < m0 + 64 (cw + 1). Every block before the last one
   // ends before key m0 + 64 cw (a multiple of 64), so each of those blocks holds a visible key for
   // every row of the warpgroup and only its last block needs the mask. A warpgroup that stops one
