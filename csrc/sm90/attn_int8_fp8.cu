@@ -411,7 +411,8 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
       ((kCausal ? min(p.nk, m0 + active_wgs * kWgRows) : p.nk) + kBlockN - 1) / kBlockN;
   // Broadcast from lane 0, so that ptxas knows the warpgroup index is warp-uniform: the descriptors
   // derived from it then stay in uniform registers, and the loop top issues the wgmmas without
-  // recomputing them and moving them over (R2UR) every step (493 -> 473 instructions per block).
+  // recomputing them and moving them over (R2UR) every step (20 instructions fewer per block when
+  // measured, bench/NOTES.md).
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWgThreads), 0);
 
   if (threadIdx.x == 0) {
