@@ -28,7 +28,7 @@
 // measured faster than two warpgroups that overlap their own MMAs with their softmax (a Q·Kᵀ of
 // the next block and the P·V of this one in flight across the softmax: 212 live registers a thread
 // at D = 128, so at most two such warpgroups fit), with or without turns between the two: kernel
-// alone, H100, 2-3.5% at D = 128 (1.3% slower at the diffusion shape, b=1 h=24 n=4608, whose
+// alone, H100, 2-3.5% at D = 128 (1.5% slower at the diffusion shape, b=1 h=24 n=4608, whose
 // 192-row CTAs fill 4.4 waves of the SMs), 16-20% at D = 64 (bench/NOTES.md).
 // Registers of a consumer thread at D = 128: O (64 f32) and the P·V accumulator (68 f32 with the row
 // sums) and P (16) while the P·V runs; O and the scores (64) during the softmax; 160 is enough
