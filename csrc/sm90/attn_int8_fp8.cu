@@ -650,8 +650,8 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
 }
 
 // Tensor maps: Q and K as [B, H, N, d_pad] boxes of D bytes x kBlockM (Q) or 128 (K) rows, Vᵀ as
-// [B, Hkv, d_pad, n_pad] boxes of (128 keys x D channels). 4-d maps keep every tile inside its own (batch, head): rows
-// past N (or keys past n_pad) come back as zeros instead of the next head's data.
+// [B, Hkv, d_pad, n_pad] boxes of (128 keys x D channels). 4-d maps keep every tile inside its own
+// (batch, head): rows past N (or keys past n_pad) come back as zeros instead of the next head's data.
 template <int D, int kBlockM>
 cudaError_t make_maps(const AttnSm90Args& a, CUtensorMap* tm_q, CUtensorMap* tm_k, CUtensorMap* tm_v,
                       CUtensorMap* tm_o) {
@@ -691,12 +691,13 @@ cudaError_t make_maps(const AttnSm90Args& a, CUtensorMap* tm_q, CUtensorMap* tm_
 template <int D, bool kCausal, typename OutT>
 cudaError_t launch(const AttnSm90Args& args, cudaStream_t stream) {
   CUtensorMap tm_q, tm_k, tm_v, tm_o;
-  using C = Cta<consumer_wgs(D)>;
+  constexpr int kWgs = consumer_wgs(D);
+  using C = Cta<kWgs>;
   cudaError_t err = make_maps<D, C::kBlockM>(args, &tm_q, &tm_k, &tm_v, &tm_o);
   if (err != cudaSuccess) return err;
   static_assert(sizeof(OutT) == 2, "make_maps describes the output as 2-byte elements");
   auto* kernel = attn_int8_fp8_sm90_kernel<D, kCausal, OutT>;
-  constexpr int kSmem = Smem<D, consumer_wgs(D)>::kAlloc;  // above the 48 KiB default: opt in
+  constexpr int kSmem = Smem<D, kWgs>::kAlloc;  // above the 48 KiB default: opt in
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
   // Programmatic stream serialization: the CTAs may start (barriers, the ones rows) while the kernel
