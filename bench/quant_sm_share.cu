@@ -148,10 +148,13 @@ int main(int argc, char** argv) {
     b.nq = nq;
     b.nk = nk;
     b.head_dim = b.d_pad = D;
+    int* counters = dev<int>(3);  // one tile counter per blocker launch, zero at its start
+    CHECK(cudaMemset(counters, 0, 3 * sizeof(int)));
     CHECK(cudaDeviceSynchronize());
     std::vector<float> times;
     int outlasted = 0;
     for (int rep = 0; rep < 3; ++rep) {
+      b.tile_counter = counters + rep;
       CHECK(launch_qk_int8_sv_f8_attn_sm90(b, sa));
       spin<<<1, 32, 0, sb>>>(40000);  // the blocker's CTAs take their SMs meanwhile
       CHECK(cudaEventRecord(e0, sb));

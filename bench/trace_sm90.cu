@@ -9,7 +9,8 @@
 // With -DSAGE_SM90_NO_TRACE it times the kernel as built for the wheel (first line only), so kernel
 // variants (an experiment's #ifndef knobs in attn_int8_fp8.cu, set with -D) can be compared without
 // building a wheel each (bench/variants_sm90.sh). With -DSAGE_SM90_NO_TRACE -DSAGE_SM90_CTA_TIMES it also
-// prints the CTAs' timeline: entry, Q landed, loop and epilogue per CTA, the gaps between CTAs on an SM.
+// prints the tiles' timeline (as consumer warpgroup 0 sees them): start, Q landed, loop and epilogue per
+// tile, the gaps between tiles on an SM. (The kernel's CTAs are persistent: "CTA" below means a tile.)
 // Head dim 128; -DSAGE_TRACE_D=64 builds and runs the d=64 kernel instead. SAGE_TRACE_DATA picks the
 // data (see main).
 #ifndef SAGE_SM90_NO_TRACE
@@ -147,15 +148,26 @@ int main(int argc, char** argv) {
   a.nq = a.nk = n;
   a.head_dim = a.d_pad = D;
   a.causal = causal;
+  // Each launch draws its tiles from a counter of its own, zero at the start.
+  constexpr int kLaunches = 64;
+  int* counters;
+  CHECK(cudaMalloc(&counters, kLaunches * sizeof(int)));
+  CHECK(cudaMemset(counters, 0, kLaunches * sizeof(int)));
+  int launches = 0;
+  const auto launch = [&]() {
+    if (launches == kLaunches) std::abort();
+    a.tile_counter = counters + launches++;
+    return launch_qk_int8_sv_f8_attn_sm90(a, 0);
+  };
 
-  for (int i = 0; i < 3; ++i) CHECK(launch_qk_int8_sv_f8_attn_sm90(a, 0));
+  for (int i = 0; i < 3; ++i) CHECK(launch());
   CHECK(cudaDeviceSynchronize());
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
-  constexpr int kReps = 20;
+  constexpr int kReps = 20;  // with the 3 above and the timeline's, within kLaunches
   CHECK(cudaEventRecord(e0));
-  for (int i = 0; i < kReps; ++i) CHECK(launch_qk_int8_sv_f8_attn_sm90(a, 0));
+  for (int i = 0; i < kReps; ++i) CHECK(launch());
   CHECK(cudaEventRecord(e1));
   CHECK(cudaEventSynchronize(e1));
   float ms = 0;
@@ -180,7 +192,7 @@ int main(int argc, char** argv) {
               flops / (ms * 1e-3) / 1e12);
 #ifdef SAGE_SM90_CTA_TIMES
   constexpr int kRows = Cta<consumer_wgs(D)>::kBlockM;  // query rows per CTA
-  cta_timeline(launch_qk_int8_sv_f8_attn_sm90(a, 0), int64_t((n + kRows - 1) / kRows) * heads * batch);
+  cta_timeline(launch(), int64_t((n + kRows - 1) / kRows) * heads * batch);
 #endif
   return 0;
 #endif

@@ -632,6 +632,8 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_sv_f8_attn_sm90(const at::Tensor& q_i
   }
   set_sizes(args, b, hq, hkv, nq, nk, head_dim, d_pad);
   args.causal = is_causal;
+  const at::Tensor tile_counter = at::zeros({1}, q_int8.options().dtype(at::kInt));
+  args.tile_counter = tile_counter.data_ptr<int>();
   return run_attn_sm90(args, q_int8, out_dtype, out_nhd, return_lse);
 }
 
@@ -682,6 +684,9 @@ std::tuple<at::Tensor, at::Tensor> attn_sm90(const at::Tensor& q, const at::Tens
   }
   set_sizes(args, qa.batch, qa.heads_q, qa.heads_kv, qa.nq, qa.nk, qa.head_dim, d_pad);
   args.causal = is_causal;
+  // The tile counter: an int of the quantization's workspace that its launch has zeroed (quant.h).
+  args.tile_counter = reinterpret_cast<int*>(
+      qa.workspace + sage::quant_qkv_spare_int_offset(qa.batch, qa.heads_kv, qa.nk, static_cast<int>(d_pad)));
   return run_attn_sm90(args, q, q.scalar_type(), out_nhd, return_lse);
 }
 #endif

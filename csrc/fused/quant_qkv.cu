@@ -60,6 +60,7 @@ constexpr int64_t kGroupBytes = int64_t{8} << 20;  // K and V bytes of a ticket 
 constexpr int kLookahead = 1;                      // groups whose stats items precede a group's quantization
 constexpr int64_t kOverlapStatsBytes = 256 << 10;  // bytes a stats item reads, at most, for several groups
 constexpr int kDoneSlot = 32;                      // first done counter among the workspace's ints (own line)
+constexpr int kSpareSlot = 16;                     // zeroed with the counters, unused here (quant.h)
 
 constexpr int cmax(int x, int y) { return x > y ? x : y; }
 
@@ -167,7 +168,8 @@ __host__ __device__ __forceinline__ int64_t counters_offset(int64_t kv_heads, in
   return int64_t{2} * kv_heads * chunks * d_pad;
 }
 
-// The grid's int counters in the workspace: the ticket at [0], (b, hkv)'s done counter at [kDoneSlot + bh].
+// The grid's int counters in the workspace: the ticket at [0], (b, hkv)'s done counter at [kDoneSlot + bh];
+// [kSpareSlot] is zeroed with them and left to the attention kernel that follows (quant.h).
 template <int D_PAD>
 __device__ __forceinline__ int* qkv_counters(const QuantQkvArgs& a, const QkvGrid& g) {
   return reinterpret_cast<int*>(a.workspace + counters_offset(g.kv_heads, g.chunks, D_PAD));
@@ -652,6 +654,12 @@ int64_t quant_qkv_workspace_floats(int batch, int heads_kv, int nk, int d_pad) {
   const int chunk = stats_chunk(batch, heads_kv, nk, d_pad);
   const int64_t kv_heads = static_cast<int64_t>(batch) * heads_kv;
   return counters_offset(kv_heads, (nk + chunk - 1) / chunk, d_pad) + counter_ints(kv_heads);  // 4-byte ints
+}
+
+int64_t quant_qkv_spare_int_offset(int batch, int heads_kv, int nk, int d_pad) {
+  const int chunk = stats_chunk(batch, heads_kv, nk, d_pad);
+  const int64_t kv_heads = static_cast<int64_t>(batch) * heads_kv;
+  return counters_offset(kv_heads, (nk + chunk - 1) / chunk, d_pad) + kSpareSlot;
 }
 
 cudaError_t launch_quant_qkv_sm90(const QuantQkvArgs& args, cudaStream_t stream) {

@@ -40,6 +40,18 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
       : "memory");
 }
 
+// `count` arrivals at once (for threads that will not arrive themselves).
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar, uint32_t count) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  asm volatile(
+      "{\n"
+      ".reg .b64 state;\n"
+      "mbarrier.arrive.shared::cta.b64 state, [%0], %1;\n"
+      "}\n" ::"r"(addr),
+      "r"(count)
+      : "memory");
+}
+
 // Arrive and announce `bytes` of incoming TMA transactions for the current phase.
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
@@ -66,6 +78,23 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       "}\n" ::"r"(addr),
       "r"(parity)
       : "memory");
+}
+
+// Whether the phase of parity `parity` has completed; may suspend the thread for a while first, as
+// mbar_wait's tries do.
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(addr), "r"(parity)
+      : "memory");
+  return done != 0;
 }
 
 // Named barriers: 16 per CTA, id 0 is __syncthreads'. A phase completes when `count` threads (a

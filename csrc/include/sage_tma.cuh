@@ -89,8 +89,9 @@ __device__ __forceinline__ void tma_prefetch_l2_4d(const CUtensorMap* map, int c
 
 // Copy the box at `src` (shared memory, laid out as the map's swizzle says) to the tensor at coordinates
 // (c0 innermost .. c3), as one bulk group of this thread; elements outside the tensor's extents are not
-// written. The shared memory must not change until tma_store_commit_and_wait_read() has returned; write it, then
-// fence_proxy_async_shared() and a barrier, before the issuing thread calls this.
+// written. The shared memory must not change until tma_store_wait_read() has returned after the group's
+// tma_store_commit(); write it, then fence_proxy_async_shared() and a barrier, before the issuing thread
+// calls this.
 __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, int c3) {
   const uint32_t src_addr = static_cast<uint32_t>(__cvta_generic_to_shared(src));
   asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
@@ -99,10 +100,12 @@ __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void*
                : "memory");
 }
 
-// Closes this thread's bulk group of stores, then waits until they have read their shared memory (the
-// writes to global memory complete on their own, visible once the grid has ended).
-__device__ __forceinline__ void tma_store_commit_and_wait_read() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+// Closes this thread's bulk group of stores.
+__device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+// Waits until every bulk group this thread committed has read its shared memory (the writes to global
+// memory complete on their own, visible once the grid has ended).
+__device__ __forceinline__ void tma_store_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
 

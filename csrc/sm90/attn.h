@@ -46,6 +46,7 @@ struct AttnSm90Args {
   Strides3 lse_strides;
   int batch, heads_q, heads_kv, nq, nk, head_dim, d_pad;
   bool causal;               // top-left aligned: query i sees keys j <= i
+  int* tile_counter;         // zero at launch, for this launch alone: the kernel's CTAs draw tiles from it
 };
 
 // Checks nothing the caller already checked (bindings.cpp). Returns cudaErrorInvalidValue for a

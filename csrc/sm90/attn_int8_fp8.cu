@@ -10,13 +10,26 @@
 //
 // Warp specialization. One CTA = one producer warpgroup and kWgs consumer warpgroups
 // (consumer_wgs: 3 at D = 128, 4 at D = 64):
-//   warpgroup 0, the producer: one thread issues every TMA copy (Q once, then K and Vᵀ tiles into a
-//     ring of kStages stages); its registers are given back with setmaxnreg.dec (24 per thread).
-//   warpgroups 1 .. kWgs, the consumers: 64 query rows each (the wgmma M), so a CTA covers 64 kWgs
-//     rows (192 / 256) and every K/Vᵀ tile it loads serves all of them. setmaxnreg.inc raises them
-//     to what the launch's registers leave: (65536 / threads, in multiples of 8) x threads less the
-//     producer's, shared evenly: 160 at D = 128 ((24 + 3 x 160) x 128 = 64512 of 65536), 112 at
-//     D = 64 (the launch's 96 x 640 = 61440 hold 24 x 128 + 4 x 112 x 128). One CTA per SM.
+//   warpgroup 0, the producer: its warp 0 draws the tiles, hands them to the consumers and issues
+//     every TMA copy (each consumer warpgroup's Q, then K and Vᵀ tiles into a ring of kStages
+//     stages); its registers are given back with setmaxnreg.dec (32 per thread).
+//   warpgroups 1 .. kWgs, the consumers: 64 query rows each (the wgmma M), so a tile covers 64 kWgs
+//     rows (192 / 256) and every K/Vᵀ tile the CTA loads serves all of them. setmaxnreg.inc raises
+//     them to what the launch's registers leave: (65536 / threads, in multiples of 8) x threads less
+//     the producer's, shared evenly: 160 at D = 128 ((32 + 3 x 160) x 128 = 65536), 112 at D = 64
+//     (the launch's 96 x 640 = 61440 hold 32 x 128 + 4 x 112 x 128). One CTA per SM.
+//
+// Persistent CTAs. The launch has one CTA per SM (at most one per tile); a CTA's first tile is
+// blockIdx.x, each later one is drawn from a counter (AttnSm90Args::tile_counter), so CTAs that
+// finish early take more tiles and causal tiles of unequal length even out. The producer hands each
+// tile to the consumers through a shared-memory slot; the K/Vᵀ ring runs on from tile to tile; each
+// consumer warpgroup's Q is a TMA box of its own, reloaded as soon as that warpgroup's last Q·Kᵀ of
+// the previous tile has completed (in the order the warpgroups release them), so the next tile's
+// first blocks are in flight while the CTA's other warpgroups finish. K's scale of a block travels
+// with it through the ring (the producer stores it next to the stage), which keeps the consumers'
+// key loop free of a pointer and of spills. Against one tile per CTA, H100, kernel alone, b=4 h=32
+// d=128: 6.0% faster at n=1024, 1.4% at 4096, 0.4% at 16384, causal 5.9% / 1.2% / -0.1% at 1024 /
+// 4096 / 16384; d=64: 7.9% / 2.4% / -1.0% at 1024 / 4096 / 16384 (bench/NOTES.md).
 //
 // The schedule. Each consumer warpgroup runs its blocks one after the other: Q·Kᵀ, wait, softmax,
 // P·V, wait, promotion. Per 128-key block of 128 rows at D = 128 the MMAs are 8.4 M ops, 1024 cycles
@@ -51,18 +64,19 @@
 // diagonal (a warpgroup's last block), by a warp-uniform branch.
 //
 // Pipeline. Per stage: a full barrier for K, one for Vᵀ (so Q·Kᵀ starts before Vᵀ has landed),
-// and an empty barrier that the active consumer warps arrive on once their P·V wgmma group, the
-// last reader of the stage, has completed (active: the warpgroups with a row below Nq; in a head's
-// last CTA the others leave at once). The producer refills a stage only after its empty barrier
-// completes.
+// and an empty barrier that every consumer warp arrives on once its P·V wgmma group, the last
+// reader of the stage, has completed; a warpgroup that does not read the block (its rows past Nq,
+// or causal rows before its keys) waits for the block to land and arrives all the same, which keeps
+// the producer at its pace (see the pass-through at the end of the tile loop). The producer
+// refills a stage only after its empty barrier completes.
 //
 // Shared memory (bytes), all tiles K-major and written by TMA with the swizzle the wgmma
 // descriptors name, each tile aligned to its 1024-byte swizzle atom, D = 128 (3 consumers) / D = 64
 // (4 consumers):
-//   Q  64 kWgs rows x D                  24576 / 16384
+//   Q  kWgs x 64 rows x D                24576 / 16384
 //   K  kStages x 128 keys x D            65536 / 32768
 //   Vᵀ kStages x (D + 8) rows x 128 keys 69632 / 36864 (the 8 rows of ones written once)
-//   barriers 13 x 8
+//   barriers and tile slots             200
 //   O  kWgs x 64 rows x 2D, the output on its way to the TMA store: 49152 / 32768
 //   with alignment: total 209920 / 119808, below the 227 KiB limit.
 // Rows are D bytes: D = 128 uses the 128-byte swizzle, D = 64 the 64-byte one (a TMA box row may
@@ -71,8 +85,8 @@
 // Masking. Rows and keys past the tensors' extents arrive zero-filled (TMA), and Vᵀ's keys from Nk
 // to n_pad are zeros written by quant_v_fp8, so every tile is finite (0 * NaN would be NaN in
 // P·V). Keys past Nk and, for causal attention, keys after the query get P = 0 (exp2(-inf)), only in
-// blocks that straddle the end or the diagonal. Causal CTAs skip key blocks entirely above the
-// diagonal, and blockIdx.x runs each head's heaviest (last) row blocks first.
+// blocks that straddle the end or the diagonal. Causal tiles skip key blocks entirely above the
+// diagonal, and each head's heaviest (last) row blocks come first in the tile order.
 //
 // Vᵀ layout. The FP32 accumulator gives a thread the scores of keys {2q, 2q+1, 8+2q, 9+2q} (+16,
 // ...) of a row, while wgmma's 8-bit A fragment wants k = {4q..4q+3}. Rather than shuffling P
@@ -99,7 +113,8 @@ constexpr int kWgThreads = 128;                            // threads per warpgr
 constexpr int kWgRows = 64;                                // wgmma M: query rows per consumer
 constexpr int kBlockN = kSm90KeyBlock;                     // 128 keys per step
 constexpr int kStages = 4;                                 // K/Vᵀ ring depth (smem budget above)
-constexpr int kProducerRegs = 24;                          // setmaxnreg target of the producer
+constexpr int kProducerRegs = 32;                          // setmaxnreg target of the producer
+constexpr int kTileSlots = 2;                              // tiles handed from the producer to the consumers
 constexpr int kMaxConsumerWgs = 4;
 constexpr int kWgmmaK = 32;                                // bytes of K per 8-bit wgmma
 constexpr int kSTiles = kBlockN / 8;                       // 16 n8 column tiles of the score accumulator
@@ -139,17 +154,23 @@ struct Cta {
 };
 
 struct Barriers {
-  uint64_t q_full;
+  uint64_t q_full[kMaxConsumerWgs];   // a consumer warpgroup's 64 rows of Q have landed
+  uint64_t q_empty[kMaxConsumerWgs];  // its last Q·Kᵀ of the tile has completed
   uint64_t k_full[kStages];
   uint64_t v_full[kStages];
   uint64_t empty[kStages];
+  uint64_t tile_full[kTileSlots];   // the producer wrote the slot's tile
+  uint64_t tile_empty[kTileSlots];  // every consumer warp has read it
+  int tile[kTileSlots];             // the tile, -1: no more
+  float k_scale[kStages];           // K's scale of the stage's block
 };
 
 // Shared-memory layout for head dim (d_pad) D; offsets in bytes from a 1024-aligned base.
 template <int D, int kWgs>
 struct Smem {
   static constexpr int kAtom = 1024;  // 128-byte swizzle repeats every 8 rows x 128 bytes
-  static constexpr int kQBytes = Cta<kWgs>::kBlockM * D;
+  static constexpr int kQWgBytes = kWgRows * D;  // one consumer warpgroup's rows
+  static constexpr int kQBytes = kWgs * kQWgBytes;
   static constexpr int kKBytes = kBlockN * D;
   // Each Vᵀ stage holds the D channels TMA loads and kSumRows rows of e4m3 ones after them, written
   // once: the P·V wgmma (N = D + kSumRows) then also returns the row sums of P in its last columns.
@@ -354,14 +375,13 @@ __device__ long long g_sm90_trace_cta[kTraceCtas][kMaxConsumerWgs][5];
 #ifdef SAGE_SM90_CTA_TIMES
 constexpr int kCtaTimesMax = 1 << 16, kCtaTimeFields = 8;
 __device__ long long g_sm90_cta_times[kCtaTimesMax][kCtaTimeFields];
-#define SAGE_CTA_TIME(field, value)                                                                      \
+#define SAGE_CTA_TIME(tile, field, value)                                                                \
   do {                                                                                                   \
-    const unsigned cta_ = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);                 \
-    if (cta_ < kCtaTimesMax) g_sm90_cta_times[cta_][(field)] = (value);                                   \
+    if ((tile) < kCtaTimesMax) g_sm90_cta_times[(tile)][(field)] = (value);                               \
   } while (0)
 #else
-#define SAGE_CTA_TIME(field, value) \
-  do {                              \
+#define SAGE_CTA_TIME(tile, field, value) \
+  do {                                    \
   } while (0)
 #endif
 #ifndef SAGE_SM90_TRACE
@@ -373,6 +393,29 @@ __device__ long long g_sm90_cta_times[kCtaTimesMax][kCtaTimeFields];
   } while (0)
 #endif
 
+// The tiles of a launch: 64 kWgs query rows of one (batch, query head), numbered head by head (row
+// blocks fastest). Causal: each head's heaviest (last) row blocks first, so the CTAs that draw the last
+// tiles draw short ones.
+template <int kBlockM, bool kCausal>
+struct TileOf {
+  int block_m, h, b;
+  __device__ __forceinline__ TileOf(int tile, int blocks_m, int heads) {
+    const int x = tile % blocks_m, rest = tile / blocks_m;
+    block_m = kCausal ? blocks_m - 1 - x : x;
+    h = rest % heads;
+    b = rest / heads;
+  }
+  __device__ __forceinline__ int m0() const { return block_m * kBlockM; }
+};
+
+// Key blocks consumer warpgroup w (rows m0 + 64 w .. + 63) needs: causal (top-left), up to its last
+// row's keys; every block before its last one ends before key m0 + 64 w (a multiple of 64), so each
+// of them holds a visible key for every row of the warpgroup and only its last block needs the mask.
+template <bool kCausal>
+__device__ __forceinline__ int wg_blocks(int m0, int w, int nk) {
+  return ((kCausal ? min(nk, m0 + (w + 1) * kWgRows) : nk) + kBlockN - 1) / kBlockN;
+}
+
 template <int D, bool kCausal, typename OutT>
 __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
     attn_int8_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -382,7 +425,7 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
   constexpr int kWgs = consumer_wgs(D);
   using C = Cta<kWgs>;
   using L = Smem<D, kWgs>;
-  constexpr int kBlockM = C::kBlockM;
+  using Tile = TileOf<C::kBlockM, kCausal>;
   constexpr int kOTiles = D / 8;  // n8 column tiles of the output accumulator
   constexpr int kPvRegs = (D + kSumRows) / 2;
   // Scores to float by an integer add (see softmax) at D = 64, where the softmax bounds the step
@@ -393,22 +436,8 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + L::kAtom - 1) &
                                              ~static_cast<uintptr_t>(L::kAtom - 1));
   Barriers& bar = *reinterpret_cast<Barriers*>(smem + L::kBar);
-  if (threadIdx.x == 0) {
-    SAGE_CTA_TIME(2, clock64());
-    SAGE_CTA_TIME(0, sm_id());
-    SAGE_CTA_TIME(1, global_ns());
-  }
-
-  // Causal: the last row blocks see the most keys; launching them first balances the tail.
-  const int block_m = kCausal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
-  const int h = blockIdx.y, b = blockIdx.z, hk = h / (p.heads_q / p.heads_kv);
-  const int m0 = block_m * kBlockM;
-  // The consumer warpgroups that hold a row below Nq; the others (in a head's last CTA) leave at once.
-  const int active_wgs = min(kWgs, (p.nq - m0 + kWgRows - 1) / kWgRows);
-  // Causal (top-left): the active rows see keys < m0 + 64 active_wgs at most; the producer loads the
-  // blocks up to there, and each consumer warpgroup stops at its own rows' last key (see n_blocks).
-  const int cta_blocks =
-      ((kCausal ? min(p.nk, m0 + active_wgs * kWgRows) : p.nk) + kBlockN - 1) / kBlockN;
+  const int blocks_m = (p.nq + C::kBlockM - 1) / C::kBlockM;
+  const int tiles = blocks_m * p.heads_q * p.batch;
   // Broadcast from lane 0, so that ptxas knows the warpgroup index is warp-uniform: the descriptors
   // derived from it then stay in uniform registers, and the loop top issues the wgmmas without
   // recomputing them and moving them over (R2UR) every step (20 instructions fewer per block when
@@ -416,11 +445,18 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / kWgThreads), 0);
 
   if (threadIdx.x == 0) {
-    mbar_init(&bar.q_full, 1);
+    for (int w = 0; w < kWgs; ++w) {
+      mbar_init(&bar.q_full[w], 1);
+      mbar_init(&bar.q_empty[w], kWgThreads / 32);
+    }
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&bar.k_full[s], 1);
       mbar_init(&bar.v_full[s], 1);
-      mbar_init(&bar.empty[s], active_wgs * kWgThreads / 32);  // the active consumer warps
+      mbar_init(&bar.empty[s], kWgs * kWgThreads / 32);  // every consumer warp
+    }
+    for (int s = 0; s < kTileSlots; ++s) {
+      mbar_init(&bar.tile_full[s], 1);
+      mbar_init(&bar.tile_empty[s], kWgs * kWgThreads / 32);
     }
     mbar_fence_init();
     tma_prefetch_map(&tm_q);  // the maps are kernel parameters, not the previous kernel's results
@@ -445,28 +481,90 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
 
   if (wg == 0) {
     // ---------------------------------------------------------------------------------- producer
+    // Draws the CTA's tiles (its first is blockIdx.x, each later one from the launch's counter,
+    // drawn a tile ahead), hands each to the consumers through a tile slot, loads each consumer
+    // warpgroup's 64 rows of Q once that warpgroup has released the previous tile's, and streams the
+    // tile's K and Vᵀ blocks through the ring, which runs on from tile to tile.
     setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) {
-      mbar_arrive_expect_tx(&bar.q_full, L::kQBytes);
-      tma_load_4d(smem + L::kQ, &tm_q, &bar.q_full, 0, m0, h, b);
-      for (int blk = 0; blk < cta_blocks; ++blk) {
-        const int stage = blk % kStages;
-        // Round r of a stage reuses it: wait until the consumers released round r - 1.
-        if (blk >= kStages) mbar_wait(&bar.empty[stage], ((blk / kStages) - 1) & 1);
-        mbar_arrive_expect_tx(&bar.k_full[stage], L::kKBytes);
-        tma_load_4d(smem + L::kK + stage * L::kKBytes, &tm_k, &bar.k_full[stage], 0, blk * kBlockN, hk, b);
-        mbar_arrive_expect_tx(&bar.v_full[stage], L::kVLoadBytes);
-        tma_load_4d(smem + L::kV + stage * L::kVBytes, &tm_v, &bar.v_full[stage], blk * kBlockN, 0, hk, b);
-      }
-      // The CTA that most likely starts on this SM next (CTAs start in linear order as SMs free up): its
-      // Q tile into L2 now, so that its first load waits for L2 instead of HBM (measured 1-2% at n <= 2048).
-      unsigned n_sm;
-      asm("mov.u32 %0, %%nsmid;" : "=r"(n_sm));
-      const unsigned next = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z) + n_sm;
-      if (next < gridDim.x * gridDim.y * gridDim.z) {
-        const unsigned nx = next % gridDim.x, ny = (next / gridDim.x) % gridDim.y, nz = next / (gridDim.x * gridDim.y);
-        const int next_m = kCausal ? gridDim.x - 1 - nx : nx;
-        tma_prefetch_l2_4d(&tm_q, 0, next_m * kBlockM, ny, nz);
+    // Warp 0 runs the loop, every lane alike (so the values stay warp-uniform, in uniform registers:
+    // 32 registers a thread would not hold them); lane 0 alone arrives and issues the copies.
+    if (threadIdx.x < 32) {
+      const bool leader = threadIdx.x == 0;
+      const auto draw = [&]() {  // the next tile from the launch's counter
+        int drawn = 0;
+        if (leader) drawn = atomicAdd(p.tile_counter, 1);
+        return static_cast<int>(gridDim.x) + __shfl_sync(0xffffffffu, drawn, 0);
+      };
+      int tile = blockIdx.x;
+      int next = -1;  // drawn once the first tile's loads are out, then a tile ahead
+      uint32_t q_loaded = 0, q_parity = 0;  // per consumer warpgroup: a Q tile loaded before; its parity
+      int pos = 0;                          // ring position: stage pos % kStages, round pos / kStages
+      for (int it = 0;; ++it) {
+        const int slot = it % kTileSlots;
+        if (it >= kTileSlots) mbar_wait(&bar.tile_empty[slot], ((it / kTileSlots) - 1) & 1);
+        if (leader) {
+          bar.tile[slot] = tile < tiles ? tile : -1;
+          mbar_arrive(&bar.tile_full[slot]);  // release: the consumers' wait orders the slot's read after it
+        }
+        if (tile >= tiles) break;
+        const Tile tl(tile, blocks_m, p.heads_q);
+        const int m0 = tl.m0(), hk = tl.h / (p.heads_q / p.heads_kv);
+        const float* ks_base = p.k_scale + tl.b * p.k_scale_strides.b + hk * p.k_scale_strides.h;
+        // The consumer warpgroups that hold a row below Nq; the others skip the tile.
+        const int active_wgs = min(kWgs, (p.nq - m0 + kWgRows - 1) / kWgRows);
+        const int cta_blocks = wg_blocks<kCausal>(m0, active_wgs - 1, p.nk);
+        int blk = 0;
+        // Blocks blk .. upto - 1 of the tile into the ring.
+        const auto fill = [&](int upto) {
+          for (; blk < upto; ++blk, ++pos) {
+            const int stage = pos % kStages;
+            // Round r of a stage reuses it: wait until the consumers released round r - 1.
+            if (pos >= kStages) mbar_wait(&bar.empty[stage], ((pos / kStages) - 1) & 1);
+            if (leader) {
+              // K's scale of the block goes with it: stored before the arrival (a release), read by
+              // the consumers after their wait on the same phase.
+              bar.k_scale[stage] = __ldg(ks_base + blk * p.k_scale_strides.n);
+              mbar_arrive_expect_tx(&bar.k_full[stage], L::kKBytes);
+              tma_load_4d(smem + L::kK + stage * L::kKBytes, &tm_k, &bar.k_full[stage], 0, blk * kBlockN, hk, tl.b);
+              mbar_arrive_expect_tx(&bar.v_full[stage], L::kVLoadBytes);
+              tma_load_4d(smem + L::kV + stage * L::kVBytes, &tm_v, &bar.v_full[stage], blk * kBlockN, 0, hk, tl.b);
+            }
+          }
+        };
+        // Each warpgroup's Q as soon as it has released the previous tile's (its last Q·Kᵀ there), in
+        // the order they release them (which warpgroup runs ahead is not fixed). The first kStages
+        // blocks go in after the first Q: they wait only for stages of earlier tiles, which the
+        // consumers release without this tile's Q.
+        uint32_t want = (1u << active_wgs) - 1;  // warpgroups whose Q is still to load
+        bool first = true;
+        while (want != 0) {
+          for (int w = 0; w < kWgs; ++w) {
+            if (!(want & (1u << w))) continue;
+            if (q_loaded & (1u << w)) {
+              const bool ready = mbar_try_wait(&bar.q_empty[w], ((q_parity >> w) & 1) ^ 1);
+              if (!__shfl_sync(0xffffffffu, ready, 0)) continue;
+            }
+            want &= ~(1u << w);
+            q_loaded |= 1u << w;
+            q_parity ^= 1u << w;
+            if (leader) {
+              mbar_arrive_expect_tx(&bar.q_full[w], L::kQWgBytes);
+              tma_load_4d(smem + L::kQ + w * L::kQWgBytes, &tm_q, &bar.q_full[w], 0, m0 + w * kWgRows, tl.h, tl.b);
+            }
+            if (first) fill(min(cta_blocks, kStages));
+            first = false;
+          }
+        }
+        if (next < 0) next = draw();
+        if (leader && next < tiles) {  // its Q into L2 while this tile runs
+          const Tile nt(next, blocks_m, p.heads_q);
+          for (int w = 0; w < kWgs && nt.m0() + w * kWgRows < p.nq; ++w) {
+            tma_prefetch_l2_4d(&tm_q, 0, nt.m0() + w * kWgRows, nt.h, nt.b);
+          }
+        }
+        fill(cta_blocks);
+        tile = next;
+        if (next < tiles) next = draw();
       }
     }
     return;
@@ -474,190 +572,254 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
 
   // ------------------------------------------------------------------------------------ consumers
   setmaxnreg_inc<C::kConsumerRegs>();
-  const int cw = wg - 1;  // consumer warpgroup: rows m0 + 64 * cw ..
-  if (cw >= active_wgs) return;  // rows all past Nq: nothing to compute, nothing to store
-  // Causal: rows m0 + 64 cw .. + 63 see keys < m0 + 64 (cw + 1). Every block before the last one
-  // ends before key m0 + 64 cw (a multiple of 64), so each of those blocks holds a visible key for
-  // every row of the warpgroup and only its last block needs the mask. A warpgroup that stops one
-  // block before the CTA's last leaves that block's empty barrier short of its arrivals; nothing
-  // waits on it (the producer refills a stage only for a block kStages later).
-  const int n_blocks = ((kCausal ? min(p.nk, m0 + (cw + 1) * kWgRows) : p.nk) + kBlockN - 1) / kBlockN;
+  const int cw = wg - 1;  // consumer warpgroup: rows m0 + 64 * cw .. of each tile
   const int t = threadIdx.x % kWgThreads;
   const int warp = t / 32, lane = t % 32;
   const int group = lane / 4, quad = lane % 4;
-  const int warp_row0 = m0 + cw * kWgRows + warp * 16;
 #ifdef SAGE_SM90_TRACE
   const long long trace_entry = clock64();
-  const bool trace_on = t == 0 && blockIdx.x < kTraceCtas && blockIdx.y == 0 && blockIdx.z == 0;
+  bool trace_on = t == 0 && blockIdx.x < kTraceCtas;  // the CTA's first tile
   SAGE_TRACE_CTA(0, trace_entry);
   SAGE_TRACE_CTA(3, global_ns());
 #endif
-  const int row[2] = {warp_row0 + group, warp_row0 + group + 8};
-  const bool row_ok[2] = {row[0] < p.nq, row[1] < p.nq};
-  float q_scale[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    q_scale[i] = row_ok[i] ? p.q_scale[b * p.q_scale_strides.b + h * p.q_scale_strides.h +
-                                       static_cast<int64_t>(row[i]) * p.q_scale_strides.n]
-                           : 0.0f;
-  }
-  const float* ks_base = p.k_scale + b * p.k_scale_strides.b + hk * p.k_scale_strides.h;
 
   const uint32_t smem_u32 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const uint64_t desc_q = wgmma_desc(smem_u32 + L::kQ + cw * kWgRows * D, L::kQKGroupBytes, L::kQKSwizzle);
+  const uint64_t desc_q = wgmma_desc(smem_u32 + L::kQ + cw * L::kQWgBytes, L::kQKGroupBytes, L::kQKSwizzle);
   // A descriptor's low 14 bits are the address / 16, and shared addresses stay below 2^18 (228 KiB):
   // moving a descriptor to another stage is an add, with no carry out of the field.
   const uint64_t desc_k0 = wgmma_desc(smem_u32 + L::kK, L::kQKGroupBytes, L::kQKSwizzle);
   const uint64_t desc_v0 = wgmma_desc(smem_u32 + L::kV, L::kVGroupBytes, WgmmaSwizzle::k128B);
   const auto desc_k = [&](int stage) { return desc_k0 + static_cast<uint64_t>(stage * (L::kKBytes >> 4)); };
   const auto desc_v = [&](int stage) { return desc_v0 + static_cast<uint64_t>(stage * (L::kVBytes >> 4)); };
-  const auto k_scale_of = [&](int blk) { return __ldg(ks_base + blk * p.k_scale_strides.n); };
-
-  float o[D / 2];  // output accumulator, wgmma m64nD layout
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-  float m_run[2] = {neg_inf(), neg_inf()};
-  float l_run[2] = {0.0f, 0.0f};  // 448 x the row sums of P as e4m3 (every lane of a quad holds them)
-
-  // V's channel scales of this thread's output columns, loaded before the output's stores. (Loaded
-  // among them, they came in batches, each waiting for its own trip to L2: ptxas keeps a load below a
-  // store it cannot prove disjoint. That cost about 5,000 cycles per CTA.)
-  float v_sc[kOTiles][2];
-  const auto fetch_v_scales = [&]() {
-    const float* vs_base = p.v_scale + b * p.v_scale_strides.b + hk * p.v_scale_strides.h;
-#pragma unroll
-    for (int c = 0; c < kOTiles; ++c) {
-      const int ch = c * 8 + quad * 2;  // head_dim is a multiple of 8, so ch + 1 is valid with ch
-      v_sc[c][0] = ch < p.head_dim ? __ldg(vs_base + ch) : 0.0f;
-      v_sc[c][1] = ch < p.head_dim ? __ldg(vs_base + ch + 1) : 0.0f;
-    }
-  };
-
-  int32_t s[kSRegs];        // Q·Kᵀ accumulator
-  float x[kSRegs];          // 448 P of the block
-  float pv[kPvRegs];        // P·V accumulator of one block, row sums included
-  uint32_t pa[kPSteps][4];  // P of the block, e4m3
-  float alpha[2];           // the output's rescale before the block's P·V is added
-  // One key block: Q·Kᵀ (waits for K only, so it starts before Vᵀ has landed), the softmax, P·V into
-  // a fresh accumulator, and the promotion O = O * alpha + O_blk, l = l * alpha + the block's row sums
-  // (the pv columns past D, see issue_pv: registers D/2 and D/2 + 2 hold column D + 2 quad of rows
-  // `group` and group + 8). Once the P·V wgmma group has completed, this warp's last reads of the
-  // stage are done: it releases the stage to the producer. Only the last block can hold masked keys
-  // (see n_blocks): it takes the masked softmax (correct for any block), the others skip its compares
-  // and selects; `masked` is a constant at both call sites, so the branch folds away.
-  const auto step = [&](int blk, bool masked) {
-    const int stage = blk % kStages;
-    const uint32_t parity = (blk / kStages) & 1;
-    const float k_scale = k_scale_of(blk);  // its latency hides behind the Q·Kᵀ
-    SAGE_TRACE(blk, 0);
-    mbar_wait(&bar.k_full[stage], parity);
-    SAGE_TRACE(blk, 1);
-    wgmma_fence();
-    issue_qk<D>(s, desc_q, desc_k(stage));
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(s);
-    SAGE_TRACE(blk, 2);
-    const float scale[2] = {q_scale[0] * k_scale, q_scale[1] * k_scale};  // the product first, as sage_ref
-    if (masked) {
-      const int n0 = blk * kBlockN;
-      int limit[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) limit[i] = (kCausal ? min(p.nk - 1, row[i]) : p.nk - 1) - n0 - 2 * quad;
-      softmax<true, kBiasCvt>(s, scale, limit, m_run, alpha, x);
-    } else {
-      const int limit[2] = {0, 0};  // unused
-      softmax<false, kBiasCvt>(s, scale, limit, m_run, alpha, x);
-    }
-    pack_p(x, pa);
-    SAGE_TRACE(blk, 3);
-    mbar_wait(&bar.v_full[stage], parity);
-    SAGE_TRACE(blk, 4);
-    wgmma_fence();
-    issue_pv<D>(pv, pa, desc_v(stage));
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(pv);
-    SAGE_TRACE(blk, 5);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&bar.empty[stage]);
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = fmaf(o[i], alpha[(i / 2) % 2], pv[i]);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) l_run[i] = fmaf(l_run[i], alpha[i], pv[D / 2 + 2 * i]);
-    SAGE_TRACE(blk, 6);
-  };
-  mbar_wait(&bar.q_full, 0);
-  SAGE_TRACE_CTA(1, clock64());
-  if (cw == 0 && t == 0) SAGE_CTA_TIME(3, clock64());
-  // The last block peeled off the loop: the loop holds the unmasked softmax only (with both, the
-  // consumers' registers would not hold the masked scores as well).
-  for (int blk = 0; blk + 1 < n_blocks; ++blk) step(blk, false);
-  step(n_blocks - 1, true);
-  fetch_v_scales();
-
-  if (cw == 0 && t == 0) SAGE_CTA_TIME(4, clock64());
-  // Epilogue: divide by the row sum (448 x the reference's, which divides by sum * 448), multiply by
-  // V's channel scale, and store: the warpgroup's 64 rows go through shared memory (in the 128-byte
-  // swizzle: the 8 rows a warp writes at once land on distinct banks) and out as TMA stores, which
-  // skip the rows past Nq and the channels past head_dim (stored from registers, 4 bytes per thread
-  // and row, the kernel took 4-9% longer: 122.0 against 112.6 us at b=4 h=32 n=1024, bench/NOTES.md).
-  // Then the LSE.
-  using Pair = OutPair<OutT>;
   uint8_t* out_tile = smem + L::kOut + cw * L::kOutWgBytes;
-  float inv[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) inv[i] = l_run[i] > 0.0f ? 1.0f / l_run[i] : 0.0f;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int r = warp * 16 + group + 8 * i;  // row within the warpgroup's tile
-#pragma unroll
-    for (int c = 0; c < kOTiles; ++c) {
-      // Channels 8c + 2 quad, + 1: box c / 8, 16-byte chunk c % 8 of the row, swizzled by the row.
-      const uint32_t off = (c / 8) * (kOutBoxRows * kOutBoxBytes) + r * kOutBoxBytes + (((c % 8) ^ (r % 8)) * 16) +
-                           quad * 4;
-      const typename Pair::type v =
-          Pair::make(o[4 * c + 2 * i] * inv[i] * v_sc[c][0], o[4 * c + 2 * i + 1] * inv[i] * v_sc[c][1]);
-      *reinterpret_cast<typename Pair::type*>(out_tile + off) = v;
+
+  int pos = 0;             // ring position, as the producer's
+  uint32_t q_parity = 0;   // of this warpgroup's Q tiles
+  for (int it = 0;; ++it) {
+    const int slot = it % kTileSlots;
+    mbar_wait(&bar.tile_full[slot], (it / kTileSlots) & 1);
+    // Broadcast from lane 0 like wg: ptxas then knows the tile, and all that derives from it, to be
+    // warp-uniform, and keeps them in uniform registers, out of the key loop's way.
+    const int tile = __shfl_sync(0xffffffffu, *static_cast<volatile int*>(&bar.tile[slot]), 0);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&bar.tile_empty[slot]);
+    if (tile < 0) break;
+    if (cw == 0 && t == 0) {
+      SAGE_CTA_TIME(tile, 2, clock64());
+      SAGE_CTA_TIME(tile, 0, sm_id());
+      SAGE_CTA_TIME(tile, 1, global_ns());
     }
-  }
-  fence_proxy_async_shared();  // the tile, written by this thread, visible to the TMA unit
-  named_barrier_sync(kOutBarrier + cw, kWgThreads);
-  if (t == 0) {
-#pragma unroll
-    for (int box = 0; box < L::kOutBoxes; ++box) {
-      tma_store_4d(&tm_o, out_tile + box * kOutBoxRows * kOutBoxBytes, box * kOutBoxBytes, m0 + cw * kWgRows, h, b);
+    pos = __shfl_sync(0xffffffffu, pos, 0);  // uniform again after the loop's divergent arrivals
+    int n_blocks, cta_blocks;
+    {
+      const Tile tl(tile, blocks_m, p.heads_q);
+      const int m0 = tl.m0();
+      const int active_wgs = min(kWgs, (p.nq - m0 + kWgRows - 1) / kWgRows);
+      cta_blocks = wg_blocks<kCausal>(m0, active_wgs - 1, p.nk);
+      n_blocks = cw < active_wgs ? wg_blocks<kCausal>(m0, cw, p.nk) : 0;
     }
-    tma_store_commit_and_wait_read();
-  }
+    if (n_blocks > 0) {
+      float q_scale[2];
+      {
+        const Tile tl(tile, blocks_m, p.heads_q);
+        const int row0 = tl.m0() + cw * kWgRows + warp * 16 + group;
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    if (!row_ok[i]) continue;
-    if (p.lse != nullptr && quad == 0) {
-      const int64_t off = b * p.lse_strides.b + h * p.lse_strides.h + static_cast<int64_t>(row[i]) * p.lse_strides.n;
-      float lse = (m_run[i] + (log2f(l_run[i]) - kLog2Fp8Max)) * kLn2;
-      if (p.corr != nullptr) {
-        lse += p.corr[b * p.corr_strides.b + h * p.corr_strides.h + static_cast<int64_t>(row[i]) * p.corr_strides.n];
+        for (int i = 0; i < 2; ++i) {
+          const int row = row0 + 8 * i;
+          q_scale[i] = row < p.nq ? p.q_scale[tl.b * p.q_scale_strides.b + tl.h * p.q_scale_strides.h +
+                                              static_cast<int64_t>(row) * p.q_scale_strides.n]
+                                  : 0.0f;
+        }
       }
-      p.lse[off] = lse;
+
+      float o[D / 2];  // output accumulator, wgmma m64nD layout
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+      float m_run[2] = {neg_inf(), neg_inf()};
+      float l_run[2] = {0.0f, 0.0f};  // 448 x the row sums of P as e4m3 (every lane of a quad holds them)
+
+      // V's channel scales of this thread's output columns, loaded before the output's stores. (Loaded
+      // among them, they came in batches, each waiting for its own trip to L2: ptxas keeps a load below
+      // a store it cannot prove disjoint. That cost about 5,000 cycles per CTA.)
+      float v_sc[kOTiles][2];
+      const auto fetch_v_scales = [&](const Tile& tl) {
+        const float* vs_base =
+            p.v_scale + tl.b * p.v_scale_strides.b + (tl.h / (p.heads_q / p.heads_kv)) * p.v_scale_strides.h;
+#pragma unroll
+        for (int c = 0; c < kOTiles; ++c) {
+          const int ch = c * 8 + quad * 2;  // head_dim is a multiple of 8, so ch + 1 is valid with ch
+          v_sc[c][0] = ch < p.head_dim ? __ldg(vs_base + ch) : 0.0f;
+          v_sc[c][1] = ch < p.head_dim ? __ldg(vs_base + ch + 1) : 0.0f;
+        }
+      };
+
+      int32_t s[kSRegs];        // Q·Kᵀ accumulator
+      float x[kSRegs];          // 448 P of the block
+      float pv[kPvRegs];        // P·V accumulator of one block, row sums included
+      uint32_t pa[kPSteps][4];  // P of the block, e4m3
+      float alpha[2];           // the output's rescale before the block's P·V is added
+      // One key block (blk of the tile, at ring position pos + blk): Q·Kᵀ (waits for K only, so it
+      // starts before Vᵀ has landed), the softmax, P·V into a fresh accumulator, and the promotion O = O
+      // * alpha + O_blk, l = l * alpha + the block's row sums (the pv columns past D, see issue_pv:
+      // registers D/2 and D/2 + 2 hold column D + 2 quad of rows `group` and group + 8). Once the P·V
+      // wgmma group has completed, this warp's last reads of the stage are done: it releases the stage
+      // to the producer. Only the last block can hold masked keys (see wg_blocks): it takes the masked
+      // softmax (correct for any block), the others skip its compares and selects; it also releases
+      // the warpgroup's Q once its Q·Kᵀ has completed. `masked` is a constant at both call sites, so
+      // the branches fold away.
+      const auto step = [&](int r, bool masked, const int (&limit)[2]) {
+        const int stage = r % kStages;
+        const uint32_t parity = (r / kStages) & 1;
+#ifdef SAGE_SM90_TRACE
+        const int blk = r - pos;  // of the tile
+#endif
+        SAGE_TRACE(blk, 0);
+        mbar_wait(&bar.k_full[stage], parity);
+        SAGE_TRACE(blk, 1);
+        const float k_scale = bar.k_scale[stage];  // the producer's, visible with the K tile
+        wgmma_fence();
+        issue_qk<D>(s, desc_q, desc_k(stage));
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_operands(s);
+        SAGE_TRACE(blk, 2);
+        const float scale[2] = {q_scale[0] * k_scale, q_scale[1] * k_scale};  // the product first, as sage_ref
+        if (masked) {
+          __syncwarp();
+          if (lane == 0) mbar_arrive(&bar.q_empty[cw]);
+          softmax<true, kBiasCvt>(s, scale, limit, m_run, alpha, x);
+        } else {
+          softmax<false, kBiasCvt>(s, scale, limit, m_run, alpha, x);
+        }
+        pack_p(x, pa);
+        SAGE_TRACE(blk, 3);
+        mbar_wait(&bar.v_full[stage], parity);
+        SAGE_TRACE(blk, 4);
+        wgmma_fence();
+        issue_pv<D>(pv, pa, desc_v(stage));
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_operands(pv);
+        SAGE_TRACE(blk, 5);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&bar.empty[stage]);
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) o[i] = fmaf(o[i], alpha[(i / 2) % 2], pv[i]);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) l_run[i] = fmaf(l_run[i], alpha[i], pv[D / 2 + 2 * i]);
+        SAGE_TRACE(blk, 6);
+      };
+      mbar_wait(&bar.q_full[cw], q_parity);
+      q_parity ^= 1;
+      SAGE_TRACE_CTA(1, clock64());
+      if (cw == 0 && t == 0) SAGE_CTA_TIME(tile, 3, clock64());
+      // The last block peeled off the loop: the loop holds the unmasked softmax only (with both, the
+      // consumers' registers would not hold the masked scores as well).
+      {
+        const int unused[2] = {0, 0};
+        const int r_last = pos + n_blocks - 1;
+        for (int r = pos; r < r_last; ++r) step(r, false, unused);
+      }
+      // The tile decoded again, from its index hidden from the compiler: the loop then keeps none of
+      // the first decoding's values.
+      int tile_again = tile;
+      asm volatile("" : "+r"(tile_again));
+      const Tile tl(tile_again, blocks_m, p.heads_q);
+      const int warp_row0 = tl.m0() + cw * kWgRows + warp * 16;
+      const int row[2] = {warp_row0 + group, warp_row0 + group + 8};
+      const bool row_ok[2] = {row[0] < p.nq, row[1] < p.nq};
+      {
+        const int n0 = (n_blocks - 1) * kBlockN;
+        int limit[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) limit[i] = (kCausal ? min(p.nk - 1, row[i]) : p.nk - 1) - n0 - 2 * quad;
+        step(pos + n_blocks - 1, true, limit);
+      }
+      fetch_v_scales(tl);
+
+      if (cw == 0 && t == 0) SAGE_CTA_TIME(tile, 4, clock64());
+      // Epilogue: divide by the row sum (448 x the reference's, which divides by sum * 448), multiply by
+      // V's channel scale, and store: the warpgroup's 64 rows go through shared memory (in the 128-byte
+      // swizzle: the 8 rows a warp writes at once land on distinct banks) and out as TMA stores, which
+      // skip the rows past Nq and the channels past head_dim (stored from registers, 4 bytes per thread
+      // and row, the kernel took 4-9% longer: 122.0 against 112.6 us at b=4 h=32 n=1024, bench/NOTES.md).
+      // The previous tile's stores must have read the tile first. Then the LSE.
+      using Pair = OutPair<OutT>;
+      float inv[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) inv[i] = l_run[i] > 0.0f ? 1.0f / l_run[i] : 0.0f;
+      if (t == 0) tma_store_wait_read();
+      named_barrier_sync(kOutBarrier + cw, kWgThreads);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int r = warp * 16 + group + 8 * i;  // row within the warpgroup's tile
+#pragma unroll
+        for (int c = 0; c < kOTiles; ++c) {
+          // Channels 8c + 2 quad, + 1: box c / 8, 16-byte chunk c % 8 of the row, swizzled by the row.
+          const uint32_t off = (c / 8) * (kOutBoxRows * kOutBoxBytes) + r * kOutBoxBytes +
+                               (((c % 8) ^ (r % 8)) * 16) + quad * 4;
+          const typename Pair::type v =
+              Pair::make(o[4 * c + 2 * i] * inv[i] * v_sc[c][0], o[4 * c + 2 * i + 1] * inv[i] * v_sc[c][1]);
+          *reinterpret_cast<typename Pair::type*>(out_tile + off) = v;
+        }
+      }
+      fence_proxy_async_shared();  // the tile, written by this thread, visible to the TMA unit
+      named_barrier_sync(kOutBarrier + cw, kWgThreads);
+      if (t == 0) {
+#pragma unroll
+        for (int box = 0; box < L::kOutBoxes; ++box) {
+          tma_store_4d(&tm_o, out_tile + box * kOutBoxRows * kOutBoxBytes, box * kOutBoxBytes,
+                       tl.m0() + cw * kWgRows, tl.h, tl.b);
+        }
+        tma_store_commit();
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        if (!row_ok[i]) continue;
+        if (p.lse != nullptr && quad == 0) {
+          const int64_t off =
+              tl.b * p.lse_strides.b + tl.h * p.lse_strides.h + static_cast<int64_t>(row[i]) * p.lse_strides.n;
+          float lse = (m_run[i] + (log2f(l_run[i]) - kLog2Fp8Max)) * kLn2;
+          if (p.corr != nullptr) {
+            lse += p.corr[tl.b * p.corr_strides.b + tl.h * p.corr_strides.h +
+                          static_cast<int64_t>(row[i]) * p.corr_strides.n];
+          }
+          p.lse[off] = lse;
+        }
+      }
+      if (t == 0 && (cw == 0 || cw == kWgs - 1)) SAGE_CTA_TIME(tile, cw == 0 ? 5 : 6, clock64());
+      if (cw == 0 && t == 0) SAGE_CTA_TIME(tile, 7, global_ns());
+#ifdef SAGE_SM90_TRACE
+      trace_on = false;
+#endif
     }
+    // The blocks of the tile this warpgroup does not read (causal: past its rows' keys; all of them
+    // when its rows lie past Nq): it waits for each to land and releases it, as a reader would. (Were
+    // the producer to release them for it, nothing would hold the producer to this warpgroup's pace,
+    // and a barrier could run two phases ahead of the parity the warpgroup waits for.)
+    for (int blk = n_blocks; blk < cta_blocks; ++blk) {
+      mbar_wait(&bar.k_full[(pos + blk) % kStages], ((pos + blk) / kStages) & 1);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&bar.empty[(pos + blk) % kStages]);
+    }
+    pos += cta_blocks;
   }
-  if (t == 0 && (cw == 0 || cw == kWgs - 1)) SAGE_CTA_TIME(cw == 0 ? 5 : 6, clock64());
-  if (cw == 0 && t == 0) SAGE_CTA_TIME(7, global_ns());
+  if (t == 0) tma_store_wait_read();  // the output tile stays until its last stores have read it
   SAGE_TRACE_CTA(2, clock64());
   SAGE_TRACE_CTA(4, global_ns());
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
-// Tensor maps: Q and K as [B, H, N, d_pad] boxes of D bytes x kBlockM (Q) or 128 (K) rows, Vᵀ as
-// [B, Hkv, d_pad, n_pad] boxes of (128 keys x D channels). 4-d maps keep every tile inside its own
-// (batch, head): rows past N (or keys past n_pad) come back as zeros instead of the next head's data.
-template <int D, int kBlockM>
+// Tensor maps: Q and K as [B, H, N, d_pad] boxes of D bytes x 64 (Q: one consumer warpgroup's rows)
+// or 128 (K) rows, Vᵀ as [B, Hkv, d_pad, n_pad] boxes of (128 keys x D channels). 4-d maps keep
+// every tile inside its own (batch, head): rows past N (or keys past n_pad) come back as zeros
+// instead of the next head's data.
+template <int D>
 cudaError_t make_maps(const AttnSm90Args& a, CUtensorMap* tm_q, CUtensorMap* tm_k, CUtensorMap* tm_v,
                       CUtensorMap* tm_o) {
   const CUtensorMapSwizzle qk_swizzle = D == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
-  const uint32_t q_box[4] = {static_cast<uint32_t>(D), static_cast<uint32_t>(kBlockM), 1, 1};
+  const uint32_t q_box[4] = {static_cast<uint32_t>(D), static_cast<uint32_t>(kWgRows), 1, 1};
   const uint32_t k_box[4] = {static_cast<uint32_t>(D), static_cast<uint32_t>(kBlockN), 1, 1};
   {
     const uint64_t dims[4] = {u(a.d_pad), u(a.nq), u(a.heads_q), u(a.batch)};
@@ -693,7 +855,7 @@ cudaError_t launch(const AttnSm90Args& args, cudaStream_t stream) {
   CUtensorMap tm_q, tm_k, tm_v, tm_o;
   constexpr int kWgs = consumer_wgs(D);
   using C = Cta<kWgs>;
-  cudaError_t err = make_maps<D, C::kBlockM>(args, &tm_q, &tm_k, &tm_v, &tm_o);
+  cudaError_t err = make_maps<D>(args, &tm_q, &tm_k, &tm_v, &tm_o);
   if (err != cudaSuccess) return err;
   static_assert(sizeof(OutT) == 2, "make_maps describes the output as 2-byte elements");
   auto* kernel = attn_int8_fp8_sm90_kernel<D, kCausal, OutT>;
@@ -707,7 +869,14 @@ cudaError_t launch(const AttnSm90Args& args, cudaStream_t stream) {
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3((args.nq + C::kBlockM - 1) / C::kBlockM, args.heads_q, args.batch);
+  // One CTA per SM (at most one per tile), each drawing tiles until none are left (see the kernel).
+  const int64_t tiles = int64_t{(args.nq + C::kBlockM - 1) / C::kBlockM} * args.heads_q * args.batch;
+  if (tiles >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+  int device = 0, sms = 0;
+  err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  config.gridDim = dim3(static_cast<unsigned>(tiles < sms ? tiles : sms));
   config.blockDim = dim3(C::kThreads);
   config.dynamicSmemBytes = kSmem;
   config.stream = stream;
@@ -734,7 +903,7 @@ cudaError_t launch_qk_int8_sv_f8_attn_sm90(const AttnSm90Args& args, cudaStream_
   if (args.heads_kv < 1 || args.heads_q % args.heads_kv != 0) return cudaErrorInvalidValue;
   if (args.n_pad < args.nk || args.n_pad % kSm90KeyPermuteGroup != 0) return cudaErrorInvalidValue;
   if (args.nq == 0 || args.batch == 0 || args.heads_q == 0) return cudaSuccess;  // nothing to compute
-  if (args.nk <= 0) return cudaErrorInvalidValue;
+  if (args.nk <= 0 || args.tile_counter == nullptr) return cudaErrorInvalidValue;
   // The kernel body exists only in sm_90a code; on any other GPU this module has no kernel to run.
   int device = 0, major = 0, minor = 0;
   cudaError_t err = cudaGetDevice(&device);

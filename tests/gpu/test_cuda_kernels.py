@@ -652,6 +652,28 @@ def test_block_counts(sage_backend, metrics, causal, d, nq, nk, mma):
     mma.check_lse(lse, ref_lse, atol=KERNELS[sage_backend.name].lse_atol)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+@on(SM90)
+def test_persistent_ctas_take_every_tile_once(sage_backend, metrics, mma, causal, d):
+    """The sm_90a kernel runs one CTA per SM, each drawing tiles from a counter: with several times
+    more tiles than SMs (b=2, 40 query heads over 8 KV heads, n=1000: each head's last tile holds
+    rows for one warpgroup only; causal tiles of unequal length), every row comes out right, a second
+    call (its counter zeroed again) gives the same bits, and the two-op path (a counter of its own)
+    agrees bit for bit."""
+    q = mma.make(2, 40, 1000, d, "NHD", torch.bfloat16, 61)
+    k, v = (mma.make(2, 8, 1000, d, "NHD", torch.bfloat16, s) for s in (62, 63))
+    args = {"is_causal": causal, "sm_scale": d**-0.5, "smooth_k": True, "return_lse": True}
+    out, lse = cuda_sm90.attention_sm90(q, k, v, **args)
+    again, again_lse = cuda_sm90.attention_sm90(q, k, v, **args)
+    two, two_lse = _two_ops_sm90(q, k, v, **args)
+    assert torch.equal(out, again) and torch.equal(lse, again_lse)
+    assert torch.equal(out, two) and torch.equal(lse, two_lse)
+    ref, ref_lse = reference(sage_backend, q, k, v, causal=causal, return_lse=True)
+    mma.check_tight(metrics, out, ref, sage_backend.pv)
+    mma.check_lse(lse, ref_lse, atol=KERNELS[sage_backend.name].lse_atol)
+
+
 # --------------------------------------------------------------------------------------------------
 # The public API: sageattn_qk_int8_pv_fp16_cuda (cuda_sm80), sageattn_qk_int8_pv_fp8_cuda (cuda_sm89)
 

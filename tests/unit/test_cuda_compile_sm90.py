@@ -18,8 +18,8 @@ Compile checks (skipped without nvcc, or with an nvcc that cannot target sm_90a)
   UTMASTG (TMA), USETMAXREG; and, per kernel: no register above the consumers' budget; no spill
   store in the key loop; wgmmas issued in groups, one wait per group; no instruction writing a
   register of an in-flight wgmma or reading its accumulator (a data-flow pass over the SASS
-  control-flow graph); the scores converted as planned; one named barrier; the output stored by TMA
-  (UTMASTG), no STG but the LSE's.
+  control-flow graph); the scores converted as planned; the output tile's named barrier and no other;
+  the output stored by TMA (UTMASTG), no STG but the LSE's.
 
 The flags are the package's nvcc flags from build-matrix.yaml. About 15 s on 2 cores (8 kernels:
 head dim 64/128 x causal x fp16/bf16 output).
@@ -61,7 +61,7 @@ PTX_EXPECTED = [
     "ex2.approx.ftz.f32",
     "bar.sync",  # each consumer warpgroup's output tile (a named barrier)
     "griddepcontrol.wait",  # programmatic launch: global accesses wait for the kernel before
-    "cp.async.bulk.prefetch.tensor.4d.L2.global.tile",  # the next CTA's Q tile into L2
+    "cp.async.bulk.prefetch.tensor.4d.L2.global.tile",  # the next tile's Q into L2
     "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group",  # the output, by TMA stores
     "cp.async.bulk.wait_group.read",
 ]
@@ -390,12 +390,14 @@ def test_sass_score_conversion_by_kernel(sm90_sass, source):
 @needs_nvcc
 @pytest.mark.parametrize("source", [p.name for p in SM90_SOURCES])
 def test_sass_one_named_barrier_and_output_by_tma(sm90_sass, source):
-    """The one named barrier is the BAR.SYNC that gathers a warpgroup's output tile before its TMA
-    store. The output leaves by TMA (UTMASTG), so the only global stores (STG) are the LSE's, one per
-    row of a thread."""
+    """The only named barrier is the one of a warpgroup's output tile, a BAR.SYNC at two points of a
+    tile's epilogue: before the tile is written (the previous tile's TMA stores have read it) and
+    before its TMA store. The output leaves by TMA (UTMASTG), so the only global stores (STG) are the
+    LSE's, one per row of a thread."""
     for name, code in _kernels(sm90_sass, source).items():
         named = [text for _, text in code if re.match(r"BAR\.(ARV|SYNC)\S* R\d+", text)]
-        assert len(named) == 1 and named[0].startswith("BAR.SYNC"), f"{name}: named barriers {named[:3]}"
+        assert len(named) == 2 and all(t.startswith("BAR.SYNC") for t in named), f"{name}: named barriers {named}"
+        assert len({t.split()[1] for t in named}) == 1, f"{name}: two named barriers {named}"
         stores = [text for _, text in code if text.startswith("STG")]
         assert len(stores) <= 2, f"{name}: {len(stores)} global stores besides the TMA store: {stores[:3]}"
 
