@@ -396,7 +396,8 @@ def test_sass_one_named_barrier_and_output_by_tma(sm90_sass, source):
     LSE's, one per row of a thread."""
     for name, code in _kernels(sm90_sass, source).items():
         named = [text for _, text in code if re.match(r"BAR\.(ARV|SYNC)\S* R\d+", text)]
-        assert len(named) == 2 and all(t.startswith("BAR.SYNC") for t in named), f"{name}: named barriers {named}"
+        syncs = all(t.startswith("BAR.SYNC") for t in named)
+        assert len(named) == 2 and syncs, f"{name}: named barriers {named}"
         assert len({t.split()[1] for t in named}) == 1, f"{name}: two named barriers {named}"
         stores = [text for _, text in code if text.startswith("STG")]
         assert len(stores) <= 2, f"{name}: {len(stores)} global stores besides the TMA store: {stores[:3]}"
