@@ -40,18 +40,6 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
       : "memory");
 }
 
-// `count` arrivals at once (for threads that will not arrive themselves).
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar, uint32_t count) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
-  asm volatile(
-      "{\n"
-      ".reg .b64 state;\n"
-      "mbarrier.arrive.shared::cta.b64 state, [%0], %1;\n"
-      "}\n" ::"r"(addr),
-      "r"(count)
-      : "memory");
-}
-
 // Arrive and announce `bytes` of incoming TMA transactions for the current phase.
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
