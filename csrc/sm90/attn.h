@@ -50,8 +50,9 @@ struct AttnSm90Args {
 };
 
 // Checks nothing the caller already checked (bindings.cpp). Returns cudaErrorInvalidValue for a
-// d_pad other than 64 or 128, a head_dim that is not a multiple of 8 or exceeds d_pad, or tensors
-// the TMA unit cannot describe; cudaErrorNoKernelImageForDevice on a GPU other than sm_90;
+// d_pad other than 64 or 128, a head_dim that is not a multiple of 8 or exceeds d_pad, no
+// tile_counter, 2^31 tiles (64 x consumer warpgroups query rows of one head each) or more, or
+// tensors the TMA unit cannot describe; cudaErrorNoKernelImageForDevice on a GPU other than sm_90;
 // cudaErrorNotSupported when the driver has no cuTensorMapEncodeTiled.
 cudaError_t launch_qk_int8_sv_f8_attn_sm90(const AttnSm90Args& args, cudaStream_t stream);
 
