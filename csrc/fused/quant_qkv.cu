@@ -650,16 +650,20 @@ cudaError_t launch_typed(const QuantQkvArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-int64_t quant_qkv_workspace_floats(int batch, int heads_kv, int nk, int d_pad) {
+namespace {
+// Where the int counters start in the workspace of a call of these sizes, in floats.
+int64_t counters_start(int batch, int heads_kv, int nk, int d_pad) {
   const int chunk = stats_chunk(batch, heads_kv, nk, d_pad);
-  const int64_t kv_heads = static_cast<int64_t>(batch) * heads_kv;
-  return counters_offset(kv_heads, (nk + chunk - 1) / chunk, d_pad) + counter_ints(kv_heads);  // 4-byte ints
+  return counters_offset(static_cast<int64_t>(batch) * heads_kv, (nk + chunk - 1) / chunk, d_pad);
+}
+}  // namespace
+
+int64_t quant_qkv_workspace_floats(int batch, int heads_kv, int nk, int d_pad) {
+  return counters_start(batch, heads_kv, nk, d_pad) + counter_ints(static_cast<int64_t>(batch) * heads_kv);
 }
 
 int64_t quant_qkv_spare_int_offset(int batch, int heads_kv, int nk, int d_pad) {
-  const int chunk = stats_chunk(batch, heads_kv, nk, d_pad);
-  const int64_t kv_heads = static_cast<int64_t>(batch) * heads_kv;
-  return counters_offset(kv_heads, (nk + chunk - 1) / chunk, d_pad) + kSpareSlot;
+  return counters_start(batch, heads_kv, nk, d_pad) + kSpareSlot;
 }
 
 cudaError_t launch_quant_qkv_sm90(const QuantQkvArgs& args, cudaStream_t stream) {
