@@ -9,6 +9,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "sage_types.h"
 
@@ -53,6 +54,90 @@ __device__ __forceinline__ float inv_scale(float limit, float amax) {
 __device__ __forceinline__ int8_t to_int8(float x, float inv) {
   const int r = __float2int_rn(__fmul_rn(x, inv));
   return static_cast<int8_t>(max(-127, min(127, r)));
+}
+
+constexpr int kVec = 8;  // channels a thread loads at once: 8 halves, 16 bytes
+
+// Element j (0..7) of eight packed halves, as to_float converts it.
+template <typename T>
+__device__ __forceinline__ float element(uint4 raw, int j);
+template <>
+__device__ __forceinline__ float element<__half>(uint4 raw, int j) {
+  const uint32_t w = j < 2 ? raw.x : j < 4 ? raw.y : j < 6 ? raw.z : raw.w;
+  return to_float(__ushort_as_half(static_cast<unsigned short>(j % 2 ? w >> 16 : w & 0xffffu)));
+}
+// A bfloat16 is the high half of the float32 of the same value: masked or shifted in place (the
+// compiler does not see this through to_float, and keeps a shifted copy of every word).
+template <>
+__device__ __forceinline__ float element<__nv_bfloat16>(uint4 raw, int j) {
+  const uint32_t w = j < 2 ? raw.x : j < 4 ? raw.y : j < 6 ? raw.z : raw.w;
+  return __uint_as_float(j % 2 ? w & 0xffff0000u : w << 16);
+}
+
+template <typename T>
+__device__ __forceinline__ void unpack8(uint4 raw, float (&x)[kVec]) {
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) x[j] = element<T>(raw, j);
+}
+
+// The value of a half (float16 or bfloat16) given by its 16 bits (the low ones of h), as float.
+template <typename T>
+__device__ __forceinline__ float half_bits_to_float(uint32_t h) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __uint_as_float(h << 16);
+  } else {
+    return to_float(__ushort_as_half(static_cast<unsigned short>(h)));
+  }
+}
+
+// Magnitudes of two packed halves (sign bits cleared): as 16-bit integers they order as the values'
+// magnitudes do, NaN above Inf, so __vmaxu2 of them is amax2 of their fabsf, bit for bit once
+// converted (half_bits_to_float).
+constexpr uint32_t kHalfMagnitudes = 0x7fff7fffu;
+
+// Max |x| over eight packed halves, as float: the max of their 16-bit magnitudes, converted once. The
+// same value, NaN bits included, as amax2 over fabsf(element<T>(raw, j)), in 4 masks and 2 packed
+// maxima instead of 8 conversions, 8 abs and 8 maxima.
+template <typename T>
+__device__ __forceinline__ float amax8(uint4 raw) {
+  constexpr uint32_t kMag = kHalfMagnitudes;
+  const uint32_t m2 = __vmaxu2(__vmaxu2(raw.x & kMag, raw.y & kMag), __vmaxu2(raw.z & kMag, raw.w & kMag));
+  return half_bits_to_float<T>(max(m2 & 0xffffu, m2 >> 16));
+}
+
+// to_int8's value in one conversion (F2I.S8): round to nearest even, saturated to [-128, 127]. The two
+// differ only below -127.5, which x * inv never reaches when |x| <= amax and inv = inv_scale(127,
+// amax), as for every caller here (|x * inv| <= 127 (1 + 2^-23)^2); NaN gives 0 in both.
+__device__ __forceinline__ uint32_t to_int8_sat(float x, float inv) {
+  uint32_t r;
+  asm("cvt.rni.sat.s8.f32 %0, %1;" : "=r"(r) : "f"(__fmul_rn(x, inv)));
+  return r;
+}
+
+// Eight values x * inv as INT8 (to_int8_sat), packed in order (element 0 in the low byte of .x).
+__device__ __forceinline__ uint2 int8x8(const float (&x)[kVec], float inv) {
+  uint32_t w[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t lo = __byte_perm(to_int8_sat(x[4 * i], inv), to_int8_sat(x[4 * i + 1], inv), 0x0040);
+    const uint32_t hi = __byte_perm(to_int8_sat(x[4 * i + 2], inv), to_int8_sat(x[4 * i + 3], inv), 0x0040);
+    w[i] = __byte_perm(lo, hi, 0x5410);
+  }
+  return make_uint2(w[0], w[1]);
+}
+
+// Per-token INT8 of one token whose channels lie kLanes threads apart in a warp (lanes of one token
+// consecutive, kLanes a power of two), kVec of them packed in raw: returns this thread's INT8 values
+// (int8x8) and sets amax to the token's max |x| (amax8, then amax2 across the lanes: NaN kept), the
+// same in each of its lanes.
+template <typename T, int kLanes>
+__device__ __forceinline__ uint2 quant_token_int8(uint4 raw, float& amax) {
+  amax = amax8<T>(raw);
+#pragma unroll
+  for (int o = kLanes / 2; o > 0; o >>= 1) amax = amax2(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  float x[kVec];
+  unpack8<T>(raw, x);
+  return int8x8(x, inv_scale(kInt8Max, amax));
 }
 
 // One term of the smooth-K correction q . k_mean: a fused multiply-add, columns in order.

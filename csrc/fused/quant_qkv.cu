@@ -43,7 +43,6 @@ namespace {
 
 using namespace quant;
 
-constexpr int kVec = 8;             // channels per thread: 8 halves, 16 bytes
 constexpr int kQTokens = 128;       // tokens per Q CTA
 constexpr int kVTileBytes = 16384;  // Vᵀ tile of a V CTA: d_pad rows of kVTileBytes / d_pad tokens
 constexpr int kMaxChunks = 64;      // stats chunks per (b, hkv), at most
@@ -92,28 +91,6 @@ __device__ __forceinline__ void load_tile(const T* base, int64_t stride, int t0,
   }
 }
 
-// Element j (0..7) of eight packed halves, as to_float converts it.
-template <typename T>
-__device__ __forceinline__ float element(uint4 raw, int j);
-template <>
-__device__ __forceinline__ float element<__half>(uint4 raw, int j) {
-  const uint32_t w = j < 2 ? raw.x : j < 4 ? raw.y : j < 6 ? raw.z : raw.w;
-  return to_float(__ushort_as_half(static_cast<unsigned short>(j % 2 ? w >> 16 : w & 0xffffu)));
-}
-// A bfloat16 is the high half of the float32 of the same value: masked or shifted in place (the
-// compiler does not see this through to_float, and keeps a shifted copy of every word).
-template <>
-__device__ __forceinline__ float element<__nv_bfloat16>(uint4 raw, int j) {
-  const uint32_t w = j < 2 ? raw.x : j < 4 ? raw.y : j < 6 ? raw.z : raw.w;
-  return __uint_as_float(j % 2 ? w & 0xffff0000u : w << 16);
-}
-
-template <typename T>
-__device__ __forceinline__ void unpack8(uint4 raw, float (&x)[kVec]) {
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) x[j] = element<T>(raw, j);
-}
-
 // Hides raw's value from the compiler: what it computed from raw before is not reused after, but
 // computed again. Keeps converted copies of a register-held tile from living across a block-wide
 // reduction (registers that would otherwise spill).
@@ -121,12 +98,6 @@ __device__ __forceinline__ void opaque(uint4& raw) {
   asm volatile("" : "+r"(raw.x), "+r"(raw.y), "+r"(raw.z), "+r"(raw.w));
 }
 
-__device__ __forceinline__ uint2 pack8(const int8_t (&q)[kVec]) {
-  uint32_t w[2] = {0u, 0u};
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) w[i / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(q[i])) << (8 * (i % 4));
-  return make_uint2(w[0], w[1]);
-}
 
 // Tokens per stats chunk: chunks enough for about kStatsCtas stats items, at most kSpreadChunks of them;
 // shorter ones where a stats item would read more than kStatsItemBytes of K and V (2-byte elements)
@@ -229,9 +200,10 @@ __device__ __forceinline__ void qkv_stats(const QuantQkvArgs& a, const QkvGrid& 
   const bool smooth_k = a.smooth_k;
   const T* kb = static_cast<const T*>(a.k) + b * a.k_strides.b + h * a.k_strides.h + c * kVec;
   const T* vb = static_cast<const T*>(a.v) + b * a.v_strides.b + h * a.v_strides.h + c * kVec;
-  float sum[kVec], amax[kVec];
+  float sum[kVec];
+  uint32_t vmag[kVec / 2] = {0u, 0u, 0u, 0u};  // max |V| per channel as packed 16-bit magnitudes (amax8)
 #pragma unroll
-  for (int j = 0; j < kVec; ++j) sum[j] = amax[j] = 0.f;
+  for (int j = 0; j < kVec; ++j) sum[j] = 0.f;
   for (int t0 = first + row; t0 < last; t0 += kRows * kStatsUnroll) {
     uint4 kr[kStatsUnroll], vr[kStatsUnroll];
 #pragma unroll
@@ -249,11 +221,15 @@ __device__ __forceinline__ void qkv_stats(const QuantQkvArgs& a, const QkvGrid& 
 #pragma unroll
         for (int j = 0; j < kVec; ++j) sum[j] += x[j];
       }
-      unpack8<T>(vr[u], x);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) amax[j] = amax2(amax[j], fabsf(x[j]));
+      vmag[0] = __vmaxu2(vmag[0], vr[u].x & kHalfMagnitudes);
+      vmag[1] = __vmaxu2(vmag[1], vr[u].y & kHalfMagnitudes);
+      vmag[2] = __vmaxu2(vmag[2], vr[u].z & kHalfMagnitudes);
+      vmag[3] = __vmaxu2(vmag[3], vr[u].w & kHalfMagnitudes);
     }
   }
+  float amax[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) amax[j] = half_bits_to_float<T>(j % 2 ? vmag[j / 2] >> 16 : vmag[j / 2] & 0xffffu);
   float4* ksum_row = reinterpret_cast<float4*>(&rows[0][row][c * kVec]);
   float4* vmax_row = reinterpret_cast<float4*>(&rows[1][row][c * kVec]);
   ksum_row[0] = make_float4(sum[0], sum[1], sum[2], sum[3]);
@@ -336,9 +312,15 @@ __device__ __forceinline__ void quant_v_tile(const QuantQkvArgs& a, const QkvGri
     }
   }
   reduce_chunks<D_PAD, false>(a, g, bh, reinterpret_cast<float*>(smem), stat);
-  if (tile == 0 && threadIdx.x < a.head_dim) {
-    a.v_scale[static_cast<int64_t>(bh) * a.head_dim + threadIdx.x] = __fmul_rn(stat[threadIdx.x], kInvFp8Max);
+  // stat[d] becomes channel d's 448 / amax, computed once for the CTA (each thread rewrites its own
+  // channel after reading it).
+  if (threadIdx.x < D_PAD) {
+    if (tile == 0 && threadIdx.x < a.head_dim) {
+      a.v_scale[static_cast<int64_t>(bh) * a.head_dim + threadIdx.x] = __fmul_rn(stat[threadIdx.x], kInvFp8Max);
+    }
+    stat[threadIdx.x] = inv_scale(kFp8E4M3Max, stat[threadIdx.x]);
   }
+  __syncthreads();
   uint32_t* words = reinterpret_cast<uint32_t*>(smem);
 #pragma unroll
   for (int i = 0; i < kUnits; ++i) {
@@ -350,7 +332,7 @@ __device__ __forceinline__ void quant_v_tile(const QuantQkvArgs& a, const QkvGri
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       const int d = c * kVec + j;
-      const float inv = inv_scale(kFp8E4M3Max, stat[d]);
+      const float inv = stat[d];
       float y[4];  // tokens past N: zeros, as quant.cu writes them
 #pragma unroll
       for (int r = 0; r < 4; ++r) y[r] = valid[r] ? __fmul_rn(element<T>(raw[i][r], j), inv) : 0.f;
@@ -421,10 +403,9 @@ __device__ __forceinline__ void quant_k_block(const QuantQkvArgs& a, const QkvGr
     if (t < a.nk) {
       float x[kVec];
       unpack8<T>(raw[p], x);
-      int8_t q[kVec];
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) q[j] = to_int8(__fsub_rn(x[j], km[j]), inv);
-      *reinterpret_cast<uint2*>(out + static_cast<int64_t>(t) * D_PAD) = pack8(q);
+      for (int j = 0; j < kVec; ++j) x[j] = __fsub_rn(x[j], km[j]);
+      *reinterpret_cast<uint2*>(out + static_cast<int64_t>(t) * D_PAD) = int8x8(x, inv);
     }
   }
   if (threadIdx.x == 0) {
@@ -462,22 +443,15 @@ __device__ __forceinline__ void quant_q_tile(const QuantQkvArgs& a, const QkvGri
 #pragma unroll
   for (int p = 0; p < kPasses; ++p) {
     const int t = first + row + p * kRows;
-    float x[kVec];
-    unpack8<T>(raw[p], x);
-    float amax = 0.f;
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) amax = amax2(amax, fabsf(x[j]));
-#pragma unroll
-    for (int o = kVecs / 2; o > 0; o >>= 1) amax = amax2(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float inv = inv_scale(kInt8Max, amax);
+    float amax;
+    const uint2 packed = quant_token_int8<T, kVecs>(raw[p], amax);
     if (t < a.nq) {
-      int8_t q[kVec];
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) q[j] = to_int8(x[j], inv);
-      *reinterpret_cast<uint2*>(a.q_int8 + (row0 + t) * D_PAD + c * kVec) = pack8(q);
+      *reinterpret_cast<uint2*>(a.q_int8 + (row0 + t) * D_PAD + c * kVec) = packed;
       if (c == 0) a.q_scale[row0 + t] = amax * a.scale_mul;
     }
     if (with_corr) {
+      float x[kVec];
+      unpack8<T>(raw[p], x);
       float dot[kLanes];
 #pragma unroll
       for (int l = 0; l < kLanes; ++l) {
