@@ -100,8 +100,8 @@ constexpr uint32_t kHalfMagnitudes = 0x7fff7fffu;
 // maxima instead of 8 conversions, 8 abs and 8 maxima.
 template <typename T>
 __device__ __forceinline__ float amax8(uint4 raw) {
-  constexpr uint32_t kMag = kHalfMagnitudes;
-  const uint32_t m2 = __vmaxu2(__vmaxu2(raw.x & kMag, raw.y & kMag), __vmaxu2(raw.z & kMag, raw.w & kMag));
+  const uint32_t m2 = __vmaxu2(__vmaxu2(raw.x & kHalfMagnitudes, raw.y & kHalfMagnitudes),
+                               __vmaxu2(raw.z & kHalfMagnitudes, raw.w & kHalfMagnitudes));
   return half_bits_to_float<T>(max(m2 & 0xffffu, m2 >> 16));
 }
 

@@ -98,7 +98,6 @@ __device__ __forceinline__ void opaque(uint4& raw) {
   asm volatile("" : "+r"(raw.x), "+r"(raw.y), "+r"(raw.z), "+r"(raw.w));
 }
 
-
 // Tokens per stats chunk: chunks enough for about kStatsCtas stats items, at most kSpreadChunks of them;
 // shorter ones where a stats item would read more than kStatsItemBytes of K and V (2-byte elements)
 // and at most kMaxChunks of them cover Nk. Short stats items let one launch take every item in ticket
