@@ -148,15 +148,25 @@ int main(int argc, char** argv) {
   a.nq = a.nk = n;
   a.head_dim = a.d_pad = D;
   a.causal = causal;
-  // Each launch draws its tiles from a counter of its own, zero at the start.
-  constexpr int kLaunches = 64;
+  // The last wave's tiles split as the wheel's op splits them (attn_sm90_split_plan).
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const AttnSm90Split split = attn_sm90_split_plan(batch, heads, n, n, D, causal, sms);
+  if (split.parts > 1) {
+    a.split_first = split.first;
+    a.split_parts = split.parts;
+    CHECK(cudaMalloc(&a.split_partials, split.partials_floats * sizeof(float)));
+  }
+  std::fprintf(stderr, "split: tiles from %d in %d parts\n", split.first, split.parts);
+  // Each launch draws its tiles from counters of its own, zero at the start.
+  constexpr int kLaunches = 64, kCounters = 1 + kSm90SplitCounters;
   int* counters;
-  CHECK(cudaMalloc(&counters, kLaunches * sizeof(int)));
-  CHECK(cudaMemset(counters, 0, kLaunches * sizeof(int)));
+  CHECK(cudaMalloc(&counters, kLaunches * kCounters * sizeof(int)));
+  CHECK(cudaMemset(counters, 0, kLaunches * kCounters * sizeof(int)));
   int launches = 0;
   const auto launch = [&]() {
     if (launches == kLaunches) std::abort();
-    a.tile_counter = counters + launches++;
+    a.tile_counter = counters + kCounters * launches++;
     return launch_qk_int8_sv_f8_attn_sm90(a, 0);
   };
 

@@ -18,6 +18,7 @@
 #include "sage_types.h"
 
 #if defined(SAGEATTN_FAMILY_FUSED) || defined(SAGEATTN_FAMILY_SM90)
+#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -568,6 +569,19 @@ std::tuple<at::Tensor, at::Tensor> run_attn_sm90(sage::AttnSm90Args& args, const
     args.lse = lse.data_ptr<float>();
     args.lse_strides = strides(lse);
   }
+  // The last wave's tiles split along the keys, where that pays (sm90/attn.h, AttnSm90Split).
+  int sms = 0;
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, like.get_device()),
+             "cudaDeviceGetAttribute");
+  const sage::AttnSm90Split split =
+      sage::attn_sm90_split_plan(args.batch, args.heads_q, args.nq, args.nk, args.d_pad, args.causal, sms);
+  at::Tensor partials;
+  if (split.parts > 1) {
+    partials = at::empty({split.partials_floats}, like.options().dtype(at::kFloat));
+    args.split_first = split.first;
+    args.split_parts = split.parts;
+    args.split_partials = partials.data_ptr<float>();
+  }
   check_cuda(sage::launch_qk_int8_sv_f8_attn_sm90(args, c10::cuda::getCurrentCUDAStream().stream()),
              "qk_int8_sv_f8_attn_sm90");
   return {out, lse};
@@ -632,7 +646,7 @@ std::tuple<at::Tensor, at::Tensor> qk_int8_sv_f8_attn_sm90(const at::Tensor& q_i
   }
   set_sizes(args, b, hq, hkv, nq, nk, head_dim, d_pad);
   args.causal = is_causal;
-  const at::Tensor tile_counter = at::zeros({1}, q_int8.options().dtype(at::kInt));
+  const at::Tensor tile_counter = at::zeros({1 + sage::kSm90SplitCounters}, q_int8.options().dtype(at::kInt));
   args.tile_counter = tile_counter.data_ptr<int>();
   return run_attn_sm90(args, q_int8, out_dtype, out_nhd, return_lse);
 }
@@ -684,7 +698,8 @@ std::tuple<at::Tensor, at::Tensor> attn_sm90(const at::Tensor& q, const at::Tens
   }
   set_sizes(args, qa.batch, qa.heads_q, qa.heads_kv, qa.nq, qa.nk, qa.head_dim, d_pad);
   args.causal = is_causal;
-  // The tile counter: an int of the quantization's workspace that its launch has zeroed (quant.h).
+  // The tile counter and the split tiles' counters: ints of the quantization's workspace that its launch
+  // has zeroed (quant.h).
   args.tile_counter = reinterpret_cast<int*>(
       qa.workspace + sage::quant_qkv_spare_int_offset(qa.batch, qa.heads_kv, qa.nk, static_cast<int>(d_pad)));
   return run_attn_sm90(args, q, q.scalar_type(), out_nhd, return_lse);
@@ -737,7 +752,25 @@ TORCH_LIBRARY_IMPL(sageattention, CUDA, m) { m.impl("qk_int8_sv_f8_attn_sm89", &
 #endif
 
 #ifdef SAGEATTN_FAMILY_SM90
+namespace {
+// The split of the last wave's tiles that the sm_90a attention takes for these sizes on `sms` SMs
+// (sm90/attn.h): [first, parts, rows], tiles from `first` on run in `parts` parts (1: none), a tile
+// holds `rows` query rows.
+std::vector<int64_t> sm90_split_plan(int64_t batch, int64_t heads_q, int64_t nq, int64_t nk, int64_t d_pad,
+                                     bool causal, int64_t sms) {
+  TORCH_CHECK(batch >= 0 && heads_q >= 0 && nq >= 0 && nk >= 0 && sms >= 0,
+              "sm90_split_plan: batch, heads_q, nq, nk and sms must be non-negative");
+  TORCH_CHECK(d_pad == 64 || d_pad == 128, "sm90_split_plan: d_pad must be 64 or 128, got ", d_pad);
+  const auto narrow = [](int64_t x) { return static_cast<int>(std::min<int64_t>(x, (int64_t{1} << 31) - 1)); };
+  const sage::AttnSm90Split split = sage::attn_sm90_split_plan(narrow(batch), narrow(heads_q), narrow(nq), narrow(nk),
+                                                               static_cast<int>(d_pad), causal, narrow(sms));
+  return {split.first, split.parts, split.rows};
+}
+}  // namespace
+
 TORCH_LIBRARY_FRAGMENT(sageattention, m) {
+  m.def("sm90_split_plan(int batch, int heads_q, int nq, int nk, int d_pad, bool causal, int sms) -> int[]",
+        &sm90_split_plan);
   m.def(
       "qk_int8_sv_f8_attn_sm90(Tensor q_int8, Tensor k_int8, Tensor vt_fp8, Tensor q_scale, Tensor k_scale, "
       "Tensor v_scale, Tensor? corr, bool is_causal, bool return_lse, ScalarType out_dtype, bool out_nhd) "

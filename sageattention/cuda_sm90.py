@@ -23,7 +23,9 @@ It computes what ``sage_ref(q, k, v, pv=PVDtype.FP8, block_m=1, block_n=128, row
 computes.
 
 A CTA of the kernel is one producer warpgroup (TMA loads) and 3 (head dim 128) or 4 (head dim 64)
-consumer warpgroups of 64 query rows each (``csrc/sm90/attn_int8_fp8.cu``).
+consumer warpgroups of 64 query rows each (``csrc/sm90/attn_int8_fp8.cu``). Non-causal, the tiles of
+its last, partial wave over the GPU's SMs may run in parts over ranges of their key blocks, merged at
+the end (``key_parts``: ``sage_ref``'s ``key_parts`` for the call), which keeps the SMs busy to the end.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch
 from . import cuda_common
 from .quant import INT8_MAX, LOG2E
 
-__all__ = ["attention_sm90", "KEY_BLOCK"]
+__all__ = ["attention_sm90", "key_parts", "KEY_BLOCK"]
 
 #: Keys per kernel step and K's INT8 block (one scale per block).
 KEY_BLOCK = 128
@@ -57,3 +59,20 @@ def attention_sm90(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool,
         q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, return_lse, out_nhd
     )
     return out, (lse if return_lse else None)
+
+
+def key_parts(batch: int, heads_q: int, nq: int, nk: int, head_dim: int, is_causal: bool, device=None):
+    """How many key ranges the kernel splits each query row's keys into, for a call of these sizes on
+    ``device`` (the current GPU by default): an int64 tensor [B, Hq, Nq] for ``sage_ref``'s ``key_parts``,
+    or None where no tile is split (``sageattention::sm90_split_plan``, csrc/sm90/attn.h)."""
+    cuda_common.load_extensions("sm90")
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    d_pad = cuda_common.d_pad(head_dim)
+    plan = torch.ops.sageattention.sm90_split_plan
+    first, parts, rows = plan(batch, heads_q, nq, nk, d_pad, is_causal, sms)
+    if parts == 1:
+        return None
+    tiles_per_head = -(-nq // rows)
+    heads = torch.arange(batch * heads_q, device=device).unsqueeze(1)
+    tile = heads * tiles_per_head + torch.arange(nq, device=device).unsqueeze(0) // rows
+    return torch.where(tile >= first, parts, 1).reshape(batch, heads_q, nq)

@@ -185,6 +185,7 @@ def sage_ref(
     k_residual: bool = False,
     return_lse: bool = False,
     rowsum: str = "exact",
+    key_parts: torch.Tensor | None = None,
 ):
     """Simulated-quantization attention: what the Triton kernels compute, in float32 steps.
 
@@ -195,6 +196,13 @@ def sage_ref(
     for the P·V product. ``"rounded"``: the sum of the rounded P that multiplies V (the sm_90a kernel
     has the tensor cores add it up, as a column of ones next to V), so the weights of every output
     row add up to exactly one.
+
+    ``key_parts``: ints broadcastable to [B, Hq, Nq], how many ranges a kernel splits each query row's
+    key blocks into (1: none). With nb blocks of ``block_n`` keys and P parts, part j takes blocks
+    [j nb / P, (j + 1) nb / P) with an online softmax of its own (its own running max, hence its own
+    rounding of P), and the parts merge in part order: m = max_j m_j, acc = sum_j 2^(m_j - m) acc_j, l
+    = sum_j 2^(m_j - m) l_j. The sm_90a kernel splits its last wave's tiles so
+    (``sageattention.cuda_sm90.key_parts``).
 
     Output is float32 in the caller's layout; LSE (natural log, float32, [B, Hq, Nq]) when asked.
     """
@@ -224,30 +232,49 @@ def sage_ref(
         additive = attn_mask.float() * torch.tensor(LOG2E, dtype=torch.float32)
     visible = _visible(nq, nk, is_causal, attn_mask, q.device)
 
-    m = torch.full((b, hq, nq), -math.inf, device=q.device)
-    l_sum = torch.zeros((b, hq, nq), device=q.device)
-    acc = torch.zeros((b, hq, nq, v.shape[-1]), device=q.device)
-    for start in range(0, nk, block_n):
-        stop = min(start + block_n, nk)
-        s_int = (q8 @ k8[:, :, start:stop].transpose(-1, -2)).float()
-        blk = start // block_n
-        s = s_int * (q_scale_rows.unsqueeze(-1) * k_scale[:, :, blk].reshape(b, hq, 1, 1))
-        if additive is not None:
-            s = s + additive.expand(b, hq, nq, nk)[..., start:stop]
-        if visible is not None:
-            s = s.masked_fill(~visible.expand(b, hq, nq, nk)[..., start:stop], -math.inf)
-        m_new = torch.maximum(m, s.amax(dim=-1))
-        m_safe = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
-        p = torch.exp2(s - m_safe.unsqueeze(-1))
-        alpha = torch.exp2(m - m_safe)
-        if pv is PVDtype.FP8:
-            p_q = (p * FP8_E4M3_MAX).to(torch.float8_e4m3fn).float()
-        else:
-            p_q = p.to(torch.float16).float()
-        l_sum = l_sum * alpha + (p.sum(dim=-1) if rowsum == "exact" else p_q.sum(dim=-1))
-        pv_blk = (p_q.double() @ v_q[:, :, start:stop].double()).float()
-        acc = acc * alpha.unsqueeze(-1) + pv_blk
-        m = m_new
+    def online_softmax(first_blk: int, stop_blk: int):
+        """acc, l_sum and the running max m over key blocks [first_blk, stop_blk)."""
+        m = torch.full((b, hq, nq), -math.inf, device=q.device)
+        l_sum = torch.zeros((b, hq, nq), device=q.device)
+        acc = torch.zeros((b, hq, nq, v.shape[-1]), device=q.device)
+        for blk in range(first_blk, stop_blk):
+            start, stop = blk * block_n, min(blk * block_n + block_n, nk)
+            s_int = (q8 @ k8[:, :, start:stop].transpose(-1, -2)).float()
+            s = s_int * (q_scale_rows.unsqueeze(-1) * k_scale[:, :, blk].reshape(b, hq, 1, 1))
+            if additive is not None:
+                s = s + additive.expand(b, hq, nq, nk)[..., start:stop]
+            if visible is not None:
+                s = s.masked_fill(~visible.expand(b, hq, nq, nk)[..., start:stop], -math.inf)
+            m_new = torch.maximum(m, s.amax(dim=-1))
+            m_safe = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
+            p = torch.exp2(s - m_safe.unsqueeze(-1))
+            alpha = torch.exp2(m - m_safe)
+            if pv is PVDtype.FP8:
+                p_q = (p * FP8_E4M3_MAX).to(torch.float8_e4m3fn).float()
+            else:
+                p_q = p.to(torch.float16).float()
+            l_sum = l_sum * alpha + (p.sum(dim=-1) if rowsum == "exact" else p_q.sum(dim=-1))
+            pv_blk = (p_q.double() @ v_q[:, :, start:stop].double()).float()
+            acc = acc * alpha.unsqueeze(-1) + pv_blk
+            m = m_new
+        return acc, l_sum, m
+
+    blocks = -(-nk // block_n)
+    acc, l_sum, m = online_softmax(0, blocks)
+    if key_parts is not None:
+        key_parts = torch.as_tensor(key_parts, device=q.device).expand(b, hq, nq)
+        for parts in sorted(set(key_parts.unique().tolist()) - {1}):
+            pieces = [online_softmax(j * blocks // parts, (j + 1) * blocks // parts) for j in range(parts)]
+            m_parts = torch.stack([piece[2] for piece in pieces]).amax(dim=0)
+            m_safe = torch.where(m_parts == -math.inf, torch.zeros_like(m_parts), m_parts)
+            acc_parts, l_parts = torch.zeros_like(acc), torch.zeros_like(l_sum)
+            for acc_j, l_j, m_j in pieces:
+                weight = torch.exp2(m_j - m_safe)
+                acc_parts = acc_parts + acc_j * weight.unsqueeze(-1)
+                l_parts = l_parts + l_j * weight
+            split = key_parts == parts
+            acc = torch.where(split.unsqueeze(-1), acc_parts, acc)
+            l_sum, m = torch.where(split, l_parts, l_sum), torch.where(split, m_parts, m)
 
     p_scale = FP8_E4M3_MAX if pv is PVDtype.FP8 else 1.0  # p_q = p_scale * P, rounded
     # l_sum adds P (exact) or p_q (rounded); the divisor is in p_q's units, the LSE's sum in P's.

@@ -89,9 +89,11 @@ struct QuantQkvArgs {
 };
 
 int64_t quant_qkv_workspace_floats(int batch, int heads_kv, int nk, int d_pad);
-// Offset, in 4-byte words, of one int of the workspace that launch_quant_qkv_sm90 sets to zero (with its
-// counters, before its kernel) and does not use: the attention launched after it draws its tiles from
-// it (AttnSm90Args::tile_counter), with no launch of its own to clear one.
+// Ints of the workspace that launch_quant_qkv_sm90 sets to zero (with its counters, before its kernel)
+// and does not use: the attention launched after it keeps its tile counter and its split tiles'
+// counters there (AttnSm90Args::tile_counter), with no launch of its own to clear them.
+constexpr int kQkvSpareInts = 1 + kSm90SplitCounters;
+// Offset, in 4-byte words, of the first of them.
 int64_t quant_qkv_spare_int_offset(int batch, int heads_kv, int nk, int d_pad);
 
 cudaError_t launch_quant_qkv_sm90(const QuantQkvArgs& args, cudaStream_t stream);

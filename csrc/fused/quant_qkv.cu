@@ -59,7 +59,6 @@ constexpr int64_t kGroupBytes = int64_t{8} << 20;  // K and V bytes of a ticket 
 constexpr int kLookahead = 1;                      // groups whose stats items precede a group's quantization
 constexpr int64_t kOverlapStatsBytes = 256 << 10;  // bytes a stats item reads, at most, for several groups
 constexpr int kDoneSlot = 32;                      // first done counter among the workspace's ints (own line)
-constexpr int kSpareSlot = 16;                     // zeroed with the counters, unused here (quant.h)
 
 constexpr int cmax(int x, int y) { return x > y ? x : y; }
 
@@ -139,14 +138,17 @@ __host__ __device__ __forceinline__ int64_t counters_offset(int64_t kv_heads, in
 }
 
 // The grid's int counters in the workspace: the ticket at [0], (b, hkv)'s done counter at [kDoneSlot + bh];
-// [kSpareSlot] is zeroed with them and left to the attention kernel that follows (quant.h).
+// then, from spare_ints(kv_heads) on, kQkvSpareInts ints zeroed with them and left to the attention
+// kernel that follows (quant.h).
 template <int D_PAD>
 __device__ __forceinline__ int* qkv_counters(const QuantQkvArgs& a, const QkvGrid& g) {
   return reinterpret_cast<int*>(a.workspace + counters_offset(g.kv_heads, g.chunks, D_PAD));
 }
 
-// The int counters' slots (the ticket and the done counters), rounded up to whole 128-byte lines.
-int64_t counter_ints(int64_t kv_heads) { return (kDoneSlot + kv_heads + 31) / 32 * 32; }
+// Where the spare ints start among the counters: the 128-byte line after the done counters'.
+int64_t spare_ints(int64_t kv_heads) { return (kDoneSlot + kv_heads + 31) / 32 * 32; }
+// The ints the memset clears: the ticket, the done counters and the spare ints.
+int64_t counter_ints(int64_t kv_heads) { return spare_ints(kv_heads) + kQkvSpareInts; }
 
 // (b, hkv) = bh's stats chunk partials in the workspace, [chunks, D_PAD]: its K sums, or its V maxima.
 template <int D_PAD>
@@ -636,7 +638,7 @@ int64_t quant_qkv_workspace_floats(int batch, int heads_kv, int nk, int d_pad) {
 }
 
 int64_t quant_qkv_spare_int_offset(int batch, int heads_kv, int nk, int d_pad) {
-  return counters_start(batch, heads_kv, nk, d_pad) + kSpareSlot;
+  return counters_start(batch, heads_kv, nk, d_pad) + spare_ints(static_cast<int64_t>(batch) * heads_kv);
 }
 
 cudaError_t launch_quant_qkv_sm90(const QuantQkvArgs& args, cudaStream_t stream) {

@@ -46,14 +46,41 @@ struct AttnSm90Args {
   Strides3 lse_strides;
   int batch, heads_q, heads_kv, nq, nk, head_dim, d_pad;
   bool causal;               // top-left aligned: query i sees keys j <= i
-  int* tile_counter;         // zero at launch, for this launch alone: the kernel's CTAs draw tiles from it
+  // 1 + kSm90SplitCounters ints, zero at launch, for this launch alone: [0] the counter the kernel's
+  // CTAs draw their tiles from, then the split tiles' counters (AttnSm90Split).
+  int* tile_counter;
+  // The split of the last wave's tiles (attn_sm90_split_plan's first and parts; parts <= 1: none) and
+  // its partials_floats floats of workspace, no initial contents (null when nothing is split).
+  int split_first, split_parts;
+  float* split_partials;
 };
+
+// Splitting the last wave's tiles along the keys (non-causal): with T tiles on S SMs, the last T mod S
+// tiles (all of them when T < S) would keep that many SMs busy while the others idle. Each of them
+// runs instead as `parts` parts over consecutive ranges of its key blocks, drawn like tiles; a part
+// writes its rows' unnormalized output, running max and row sum (float32) to the workspace, and the
+// tile's last part to finish (a counter per tile and consumer warpgroup) merges them in part order and
+// writes the output. Tiles before `first` run whole, as they do when nothing is split.
+struct AttnSm90Split {
+  int first;                // tiles before it run whole
+  int parts;                // parts per tile from `first` on; 1: no tile is split
+  int64_t partials_floats;  // float32 workspace the parts need
+  int rows;                 // query rows per tile; tiles are numbered (b * Hq + h) * ceil(Nq / rows) + row block
+};
+// Split-tile counters a launch may need, at most (tile_counter's ints after the first).
+constexpr int kSm90SplitCounters = 1023;
+// The split for a launch of these sizes on `sms` SMs: the part count that minimizes the last wave's
+// time in a model where each part costs its key blocks plus a fixed overhead; none for causal
+// attention (its tiles are unequal, and the heaviest go first).
+AttnSm90Split attn_sm90_split_plan(int batch, int heads_q, int nq, int nk, int d_pad, bool causal, int sms);
 
 // Checks nothing the caller already checked (bindings.cpp). Returns cudaErrorInvalidValue for a
 // d_pad other than 64 or 128, a head_dim that is not a multiple of 8 or exceeds d_pad, no
-// tile_counter, 2^31 tiles (64 x consumer warpgroups query rows of one head each) or more, or
-// tensors the TMA unit cannot describe; cudaErrorNoKernelImageForDevice on a GPU other than sm_90;
-// cudaErrorNotSupported when the driver has no cuTensorMapEncodeTiled.
+// tile_counter, 2^31 tiles (64 x consumer warpgroups query rows of one head each) or more, a split
+// (split_parts > 1) of causal attention, with parts of no key block, more counters than
+// kSm90SplitCounters or no workspace, or tensors the TMA unit cannot describe;
+// cudaErrorNoKernelImageForDevice on a GPU other than sm_90; cudaErrorNotSupported when the driver has
+// no cuTensorMapEncodeTiled.
 cudaError_t launch_qk_int8_sv_f8_attn_sm90(const AttnSm90Args& args, cudaStream_t stream);
 
 }  // namespace sage

@@ -161,8 +161,9 @@ struct Barriers {
   uint64_t empty[kStages];
   uint64_t tile_full[kTileSlots];   // the producer wrote the slot's tile
   uint64_t tile_empty[kTileSlots];  // every consumer warp has read it
-  int tile[kTileSlots];             // the tile, -1: no more
+  int tile[kTileSlots];             // the work item (Work), -1: no more
   float k_scale[kStages];           // K's scale of the stage's block
+  int split_rank[kMaxConsumerWgs];  // a consumer warpgroup's count on its split tile's counter (merge_parts)
 };
 
 // Shared-memory layout for head dim (d_pad) D; offsets in bytes from a 1024-aligned base.
@@ -416,6 +417,96 @@ __device__ __forceinline__ int wg_blocks(int m0, int w, int nk) {
   return ((kCausal ? min(nk, m0 + (w + 1) * kWgRows) : nk) + kBlockN - 1) / kBlockN;
 }
 
+// A work item the CTAs draw: a whole tile, or one part of a split tile (AttnSm90Split), with the key
+// blocks it covers. Items below `first` are the tiles of the same index; from `first` on, item first +
+// j is part j % parts of tile first + j / parts, its blocks [part * blocks / parts, (part + 1) * blocks
+// / parts) (the launch's parts never exceed its key blocks, so none is empty).
+struct Work {
+  int tile;      // TileOf's index
+  int kb0, kb1;  // key blocks [kb0, kb1); causal tiles (never split) take their warpgroups' own ends
+  int slot;      // a part's slot among the launch's parts, j above; -1 for a whole tile
+  template <bool kCausal>
+  static __device__ __forceinline__ Work of(const AttnSm90Args& p, int item) {
+    // Causal launches split nothing (the launcher checks): their items are their tiles, whose key
+    // blocks wg_blocks bounds.
+    constexpr int kAll = 1 << 30;
+    if (kCausal) return Work(item, item + 1, 1, kAll);
+    return Work(item, p.split_first, p.split_parts, (p.nk + kBlockN - 1) / kBlockN);
+  }
+  __device__ __forceinline__ Work(int item, int first, int parts, int blocks) {
+    if (item < first) {
+      tile = item;
+      kb0 = 0;
+      kb1 = blocks;
+      slot = -1;
+    } else {
+      const int j = item - first, part = j % parts;
+      tile = first + j / parts;
+      kb0 = part * blocks / parts;
+      kb1 = (part + 1) * blocks / parts;
+      slot = j;
+    }
+  }
+};
+
+// A part of a split tile (Work::slot >= 0), once its last block is in: stores this thread's share of
+// its warpgroup's rows (o, the running max and the row sum, float32) in the part's slot of the
+// workspace and counts the part on its tile's counter for this warpgroup. The warpgroup that counts
+// last merges the tile's parts, in part order (the same bits whichever part ends last), into o, m_run
+// and l_run, and returns true; the others return false. The workspace: [slot][consumer warpgroup]
+// [value][thread], so that a warp's stores and loads of a value are 128 contiguous bytes.
+template <int D, int kWgs>
+__device__ __forceinline__ bool merge_parts(const AttnSm90Args& p, int slot, int cw, int t, int* rank,
+                                            float (&o)[D / 2], float (&m_run)[2], float (&l_run)[2]) {
+  constexpr int kVals = D / 2 + 4;  // o, then m_run[0..1], then l_run[0..1]
+  constexpr int64_t kSlotFloats = int64_t{kWgs} * kVals * kWgThreads;
+  const int parts = p.split_parts, part = slot % parts;
+  const float* const first = p.split_partials + (slot - part) * kSlotFloats + cw * kVals * kWgThreads + t;
+  float* const mine = p.split_partials + slot * kSlotFloats + cw * kVals * kWgThreads + t;
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) mine[i * kWgThreads] = o[i];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    mine[(D / 2 + i) * kWgThreads] = m_run[i];
+    mine[(D / 2 + 2 + i) * kWgThreads] = l_run[i];
+  }
+  __threadfence();  // this thread's stores, before the count that publishes them
+  named_barrier_sync(kOutBarrier + cw, kWgThreads);
+  if (t == 0) *rank = atomicAdd(p.tile_counter + 1 + (slot / parts) * kWgs + cw, 1);
+  named_barrier_sync(kOutBarrier + cw, kWgThreads);
+  // Broadcast from lane 0 (as the tile index): ptxas then knows the branch to be warp-uniform, and the
+  // key loop keeps its uniform registers (read by every thread, the key loop spilled: 475 instructions
+  // a block instead of 418).
+  if (__shfl_sync(0xffffffffu, *static_cast<volatile int*>(rank), 0) != parts - 1) return false;
+  __threadfence();  // the other parts' stores, published by their counts, before the loads below
+  float m_all[2] = {neg_inf(), neg_inf()};
+  for (int j = 0; j < parts; ++j) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) m_all[i] = fmaxf(m_all[i], __ldcg(first + j * kSlotFloats + (D / 2 + i) * kWgThreads));
+  }
+  float m_safe[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    m_safe[i] = m_all[i] == neg_inf() ? 0.0f : m_all[i];
+    m_run[i] = m_all[i];
+    l_run[i] = 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+  for (int j = 0; j < parts; ++j) {
+    const float* src = first + j * kSlotFloats;
+    float f[2];  // exp2(the part's max - the tile's): its rows' weight
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      f[i] = ex2_approx(__ldcg(src + (D / 2 + i) * kWgThreads) - m_safe[i]);
+      l_run[i] = fmaf(__ldcg(src + (D / 2 + 2 + i) * kWgThreads), f[i], l_run[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = fmaf(__ldcg(src + i * kWgThreads), f[(i / 2) % 2], o[i]);
+  }
+  return true;
+}
+
 template <int D, bool kCausal, typename OutT>
 __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
     attn_int8_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -437,7 +528,10 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
                                              ~static_cast<uintptr_t>(L::kAtom - 1));
   Barriers& bar = *reinterpret_cast<Barriers*>(smem + L::kBar);
   const int blocks_m = (p.nq + C::kBlockM - 1) / C::kBlockM;
+  // The work items: whole tiles, then the parts of the split ones (the launcher sets first = tiles and
+  // parts = 1 when none is split; causal launches split none).
   const int tiles = blocks_m * p.heads_q * p.batch;
+  const int items = kCausal ? tiles : p.split_first + (tiles - p.split_first) * p.split_parts;
   // Broadcast from lane 0, so that ptxas knows the warpgroup index is warp-uniform: the descriptors
   // derived from it then stay in uniform registers, and the loop top issues the wgmmas without
   // recomputing them and moving them over (R2UR) every step (20 instructions fewer per block when
@@ -503,17 +597,18 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
         const int slot = it % kTileSlots;
         if (it >= kTileSlots) mbar_wait(&bar.tile_empty[slot], ((it / kTileSlots) - 1) & 1);
         if (leader) {
-          bar.tile[slot] = tile < tiles ? tile : -1;
+          bar.tile[slot] = tile < items ? tile : -1;
           mbar_arrive(&bar.tile_full[slot]);  // release: the consumers' wait orders the slot's read after it
         }
-        if (tile >= tiles) break;
-        const Tile tl(tile, blocks_m, p.heads_q);
+        if (tile >= items) break;
+        const Work wk = Work::of<kCausal>(p, tile);
+        const Tile tl(wk.tile, blocks_m, p.heads_q);
         const int m0 = tl.m0(), hk = tl.h / (p.heads_q / p.heads_kv);
         const float* ks_base = p.k_scale + tl.b * p.k_scale_strides.b + hk * p.k_scale_strides.h;
         // The consumer warpgroups that hold a row below Nq; the others skip the tile.
         const int active_wgs = min(kWgs, (p.nq - m0 + kWgRows - 1) / kWgRows);
-        const int cta_blocks = wg_blocks<kCausal>(m0, active_wgs - 1, p.nk);
-        int blk = 0;
+        const int cta_end = min(wg_blocks<kCausal>(m0, active_wgs - 1, p.nk), wk.kb1);
+        int blk = wk.kb0;
         // Blocks blk .. upto - 1 of the tile into the ring.
         const auto fill = [&](int upto) {
           for (; blk < upto; ++blk, ++pos) {
@@ -551,20 +646,20 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
               mbar_arrive_expect_tx(&bar.q_full[w], L::kQWgBytes);
               tma_load_4d(smem + L::kQ + w * L::kQWgBytes, &tm_q, &bar.q_full[w], 0, m0 + w * kWgRows, tl.h, tl.b);
             }
-            if (first) fill(min(cta_blocks, kStages));
+            if (first) fill(min(cta_end, wk.kb0 + kStages));
             first = false;
           }
         }
         if (next < 0) next = draw();
-        if (leader && next < tiles) {  // its Q into L2 while this tile runs
-          const Tile nt(next, blocks_m, p.heads_q);
+        if (leader && next < items) {  // its Q into L2 while this tile runs
+          const Tile nt(Work::of<kCausal>(p, next).tile, blocks_m, p.heads_q);
           for (int w = 0; w < kWgs && nt.m0() + w * kWgRows < p.nq; ++w) {
             tma_prefetch_l2_4d(&tm_q, 0, nt.m0() + w * kWgRows, nt.h, nt.b);
           }
         }
-        fill(cta_blocks);
+        fill(cta_end);
         tile = next;
-        if (next < tiles) next = draw();
+        if (next < items) next = draw();
       }
     }
     return;
@@ -612,16 +707,17 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
     pos = __shfl_sync(0xffffffffu, pos, 0);  // uniform again after the loop's divergent arrivals
     int n_blocks, cta_blocks;
     {
-      const Tile tl(tile, blocks_m, p.heads_q);
+      const Work wk = Work::of<kCausal>(p, tile);
+      const Tile tl(wk.tile, blocks_m, p.heads_q);
       const int m0 = tl.m0();
       const int active_wgs = min(kWgs, (p.nq - m0 + kWgRows - 1) / kWgRows);
-      cta_blocks = wg_blocks<kCausal>(m0, active_wgs - 1, p.nk);
-      n_blocks = cw < active_wgs ? wg_blocks<kCausal>(m0, cw, p.nk) : 0;
+      cta_blocks = min(wg_blocks<kCausal>(m0, active_wgs - 1, p.nk), wk.kb1) - wk.kb0;
+      n_blocks = cw < active_wgs ? min(wg_blocks<kCausal>(m0, cw, p.nk), wk.kb1) - wk.kb0 : 0;
     }
     if (n_blocks > 0) {
       float q_scale[2];
       {
-        const Tile tl(tile, blocks_m, p.heads_q);
+        const Tile tl(Work::of<kCausal>(p, tile).tile, blocks_m, p.heads_q);
         const int row0 = tl.m0() + cw * kWgRows + warp * 16 + group;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -724,71 +820,75 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
       // the first decoding's values.
       int tile_again = tile;
       asm volatile("" : "+r"(tile_again));
-      const Tile tl(tile_again, blocks_m, p.heads_q);
+      const Work wk = Work::of<kCausal>(p, tile_again);
+      const Tile tl(wk.tile, blocks_m, p.heads_q);
       const int warp_row0 = tl.m0() + cw * kWgRows + warp * 16;
       const int row[2] = {warp_row0 + group, warp_row0 + group + 8};
       const bool row_ok[2] = {row[0] < p.nq, row[1] < p.nq};
       {
-        const int n0 = (n_blocks - 1) * kBlockN;
+        const int n0 = (wk.kb0 + n_blocks - 1) * kBlockN;
         int limit[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) limit[i] = (kCausal ? min(p.nk - 1, row[i]) : p.nk - 1) - n0 - 2 * quad;
         step(pos + n_blocks - 1, true, limit);
       }
-      fetch_v_scales(tl);
-
       if (cw == 0 && t == 0) SAGE_CTA_TIME(tile, 4, clock64());
-      // Epilogue: divide by the row sum (448 x the reference's, which divides by sum * 448), multiply by
-      // V's channel scale, and store: the warpgroup's 64 rows go through shared memory (in the 128-byte
-      // swizzle: the 8 rows a warp writes at once land on distinct banks) and out as TMA stores, which
-      // skip the rows past Nq and the channels past head_dim (stored from registers, 4 bytes per thread
-      // and row, the kernel took 4-9% longer: 122.0 against 112.6 us at b=4 h=32 n=1024, bench/NOTES.md).
-      // The previous tile's stores must have read the tile first. Then the LSE.
-      using Pair = OutPair<OutT>;
-      float inv[2];
+      // A part of a split tile: its rows go to the workspace, and the tile's last part merges the parts
+      // and writes the output.
+      if (kCausal || wk.slot < 0 || merge_parts<D, kWgs>(p, wk.slot, cw, t, &bar.split_rank[cw], o, m_run, l_run)) {
+        fetch_v_scales(tl);
+        // Epilogue: divide by the row sum (448 x the reference's, which divides by sum * 448), multiply by
+        // V's channel scale, and store: the warpgroup's 64 rows go through shared memory (in the 128-byte
+        // swizzle: the 8 rows a warp writes at once land on distinct banks) and out as TMA stores, which
+        // skip the rows past Nq and the channels past head_dim (stored from registers, 4 bytes per thread
+        // and row, the kernel took 4-9% longer: 122.0 against 112.6 us at b=4 h=32 n=1024, bench/NOTES.md).
+        // The previous tile's stores must have read the tile first. Then the LSE.
+        using Pair = OutPair<OutT>;
+        float inv[2];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) inv[i] = l_run[i] > 0.0f ? 1.0f / l_run[i] : 0.0f;
-      if (t == 0) tma_store_wait_read();
-      named_barrier_sync(kOutBarrier + cw, kWgThreads);
+        for (int i = 0; i < 2; ++i) inv[i] = l_run[i] > 0.0f ? 1.0f / l_run[i] : 0.0f;
+        if (t == 0) tma_store_wait_read();
+        named_barrier_sync(kOutBarrier + cw, kWgThreads);
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int r = warp * 16 + group + 8 * i;  // row within the warpgroup's tile
+        for (int i = 0; i < 2; ++i) {
+          const int r = warp * 16 + group + 8 * i;  // row within the warpgroup's tile
 #pragma unroll
-        for (int c = 0; c < kOTiles; ++c) {
-          // Channels 8c + 2 quad, + 1: box c / 8, 16-byte chunk c % 8 of the row, swizzled by the row.
-          const uint32_t off = (c / 8) * (kOutBoxRows * kOutBoxBytes) + r * kOutBoxBytes +
-                               (((c % 8) ^ (r % 8)) * 16) + quad * 4;
-          const typename Pair::type v =
-              Pair::make(o[4 * c + 2 * i] * inv[i] * v_sc[c][0], o[4 * c + 2 * i + 1] * inv[i] * v_sc[c][1]);
-          *reinterpret_cast<typename Pair::type*>(out_tile + off) = v;
-        }
-      }
-      fence_proxy_async_shared();  // the tile, written by this thread, visible to the TMA unit
-      named_barrier_sync(kOutBarrier + cw, kWgThreads);
-      if (t == 0) {
-#pragma unroll
-        for (int box = 0; box < L::kOutBoxes; ++box) {
-          tma_store_4d(&tm_o, out_tile + box * kOutBoxRows * kOutBoxBytes, box * kOutBoxBytes,
-                       tl.m0() + cw * kWgRows, tl.h, tl.b);
-        }
-        tma_store_commit();
-      }
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        if (!row_ok[i]) continue;
-        if (p.lse != nullptr && quad == 0) {
-          const int64_t off =
-              tl.b * p.lse_strides.b + tl.h * p.lse_strides.h + static_cast<int64_t>(row[i]) * p.lse_strides.n;
-          float lse = (m_run[i] + (log2f(l_run[i]) - kLog2Fp8Max)) * kLn2;
-          if (p.corr != nullptr) {
-            lse += p.corr[tl.b * p.corr_strides.b + tl.h * p.corr_strides.h +
-                          static_cast<int64_t>(row[i]) * p.corr_strides.n];
+          for (int c = 0; c < kOTiles; ++c) {
+            // Channels 8c + 2 quad, + 1: box c / 8, 16-byte chunk c % 8 of the row, swizzled by the row.
+            const uint32_t off = (c / 8) * (kOutBoxRows * kOutBoxBytes) + r * kOutBoxBytes +
+                                 (((c % 8) ^ (r % 8)) * 16) + quad * 4;
+            const typename Pair::type v =
+                Pair::make(o[4 * c + 2 * i] * inv[i] * v_sc[c][0], o[4 * c + 2 * i + 1] * inv[i] * v_sc[c][1]);
+            *reinterpret_cast<typename Pair::type*>(out_tile + off) = v;
           }
-          p.lse[off] = lse;
         }
+        fence_proxy_async_shared();  // the tile, written by this thread, visible to the TMA unit
+        named_barrier_sync(kOutBarrier + cw, kWgThreads);
+        if (t == 0) {
+#pragma unroll
+          for (int box = 0; box < L::kOutBoxes; ++box) {
+            tma_store_4d(&tm_o, out_tile + box * kOutBoxRows * kOutBoxBytes, box * kOutBoxBytes,
+                         tl.m0() + cw * kWgRows, tl.h, tl.b);
+          }
+          tma_store_commit();
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          if (!row_ok[i]) continue;
+          if (p.lse != nullptr && quad == 0) {
+            const int64_t off =
+                tl.b * p.lse_strides.b + tl.h * p.lse_strides.h + static_cast<int64_t>(row[i]) * p.lse_strides.n;
+            float lse = (m_run[i] + (log2f(l_run[i]) - kLog2Fp8Max)) * kLn2;
+            if (p.corr != nullptr) {
+              lse += p.corr[tl.b * p.corr_strides.b + tl.h * p.corr_strides.h +
+                            static_cast<int64_t>(row[i]) * p.corr_strides.n];
+            }
+            p.lse[off] = lse;
+          }
+        }
+        if (t == 0 && (cw == 0 || cw == kWgs - 1)) SAGE_CTA_TIME(tile, cw == 0 ? 5 : 6, clock64());
+        if (cw == 0 && t == 0) SAGE_CTA_TIME(tile, 7, global_ns());
       }
-      if (t == 0 && (cw == 0 || cw == kWgs - 1)) SAGE_CTA_TIME(tile, cw == 0 ? 5 : 6, clock64());
-      if (cw == 0 && t == 0) SAGE_CTA_TIME(tile, 7, global_ns());
 #ifdef SAGE_SM90_TRACE
       trace_on = false;
 #endif
@@ -851,10 +951,26 @@ cudaError_t make_maps(const AttnSm90Args& a, CUtensorMap* tm_q, CUtensorMap* tm_
 }
 
 template <int D, bool kCausal, typename OutT>
-cudaError_t launch(const AttnSm90Args& args, cudaStream_t stream) {
+cudaError_t launch(const AttnSm90Args& in, cudaStream_t stream) {
   CUtensorMap tm_q, tm_k, tm_v, tm_o;
   constexpr int kWgs = consumer_wgs(D);
   using C = Cta<kWgs>;
+  // The work items: the tiles, with the last ones split (split_first, split_parts; see Work).
+  const int64_t tiles = int64_t{(in.nq + C::kBlockM - 1) / C::kBlockM} * in.heads_q * in.batch;
+  if (tiles >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+  AttnSm90Args args = in;
+  if (args.split_parts <= 1) {
+    args.split_first = static_cast<int>(tiles);
+    args.split_parts = 1;
+  } else {
+    const int blocks = (args.nk + kBlockN - 1) / kBlockN;
+    const bool split_ok = !kCausal && args.split_first >= 0 && args.split_first < tiles &&
+                          args.split_parts <= blocks && args.split_partials != nullptr &&
+                          (tiles - args.split_first) * kWgs <= kSm90SplitCounters;
+    if (!split_ok) return cudaErrorInvalidValue;
+  }
+  const int64_t items = args.split_first + (tiles - args.split_first) * args.split_parts;
+  if (items >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
   cudaError_t err = make_maps<D>(args, &tm_q, &tm_k, &tm_v, &tm_o);
   if (err != cudaSuccess) return err;
   static_assert(sizeof(OutT) == 2, "make_maps describes the output as 2-byte elements");
@@ -869,14 +985,12 @@ cudaError_t launch(const AttnSm90Args& args, cudaStream_t stream) {
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config = {};
-  // One CTA per SM (at most one per tile), each drawing tiles until none are left (see the kernel).
-  const int64_t tiles = int64_t{(args.nq + C::kBlockM - 1) / C::kBlockM} * args.heads_q * args.batch;
-  if (tiles >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+  // One CTA per SM (at most one per work item), each drawing items until none are left (see the kernel).
   int device = 0, sms = 0;
   err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
-  config.gridDim = dim3(static_cast<unsigned>(tiles < sms ? tiles : sms));
+  config.gridDim = dim3(static_cast<unsigned>(items < sms ? items : sms));
   config.blockDim = dim3(C::kThreads);
   config.dynamicSmemBytes = kSmem;
   config.stream = stream;
@@ -897,6 +1011,40 @@ cudaError_t launch_causal(const AttnSm90Args& args, cudaStream_t stream) {
 }
 
 }  // namespace
+
+// The split model (AttnSm90Split): a part costs its share of the tile's key blocks plus about
+// kSplitOverheadBlocks blocks (its Q's wait, the partials' stores, a share of the merge); the last wave
+// then takes ceil(last x parts / SMs) rounds of parts. Parts hold kMinPartBlocks blocks at least, and
+// there are at most kMaxParts of them. Measured on an H100, kernel alone (bench/NOTES.md): overheads
+// of 2, 3 and 4 blocks split the same shapes alike except n=2048 (b=4 h=32: 2 splits it, 2.5% slower);
+// 8 parts at most was no faster than 4; and parts of 2 blocks (b=1 h=24 n=1024: 6 tiles a head of 8
+// blocks each, 12 in the last wave) made the kernel 12% slower.
+constexpr int kMaxParts = 4;
+constexpr int kMinPartBlocks = 8;
+constexpr double kSplitOverheadBlocks = 4.0;
+AttnSm90Split attn_sm90_split_plan(int batch, int heads_q, int nq, int nk, int d_pad, bool causal, int sms) {
+  const int wgs = consumer_wgs(d_pad), rows = wgs * kWgRows;
+  const int64_t tiles = (int64_t{nq} + rows - 1) / rows * heads_q * batch;
+  const int blocks = (nk + kBlockN - 1) / kBlockN;
+  AttnSm90Split plan{static_cast<int>(tiles), 1, 0, rows};
+  if (causal || sms < 1 || tiles < 1 || tiles >= (int64_t{1} << 30)) return plan;
+  const int64_t last = tiles % sms;  // the tiles of the last, partial wave (all of them when tiles < sms)
+  if (last == 0 || last * wgs > kSm90SplitCounters) return plan;
+  double best = 1.0;  // whole tiles: one round of one tile
+  for (int parts = 2; parts <= kMaxParts && parts * kMinPartBlocks <= blocks; ++parts) {
+    const int64_t rounds = (last * parts + sms - 1) / sms;
+    const double cost = static_cast<double>(rounds) * (1.0 / parts + kSplitOverheadBlocks / blocks);
+    if (cost < best) {
+      best = cost;
+      plan.parts = parts;
+    }
+  }
+  if (plan.parts > 1) {
+    plan.first = static_cast<int>(tiles - last);
+    plan.partials_floats = last * plan.parts * wgs * kWgThreads * (d_pad / 2 + 4);
+  }
+  return plan;
+}
 
 cudaError_t launch_qk_int8_sv_f8_attn_sm90(const AttnSm90Args& args, cudaStream_t stream) {
   if (args.head_dim <= 0 || args.head_dim % 8 != 0 || args.head_dim > args.d_pad) return cudaErrorInvalidValue;

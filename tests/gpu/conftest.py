@@ -202,23 +202,34 @@ class SageBackend:
         entry, _ = dispatch.decide(request)
         return _BACKENDS_BY_NAME.get(entry.backend.name, self)
 
-    def reference_options(self, head_dim: int, has_mask: bool = False) -> dict:
+    def reference_options(
+        self, head_dim: int, has_mask: bool = False, *, shape: tuple[int, int, int, int] | None = None,
+        causal: bool = False,
+    ) -> dict:  # fmt: skip
         """The ``sage_ref`` keyword arguments that reproduce this backend's quantization. The compiled
         kernels hand head dims that are not a multiple of 8 to the Triton kernels of their P·V
-        precision (ops.cuda_attention)."""
+        precision (ops.cuda_attention). ``shape`` (B, Hq, Nq, Nk) and ``causal`` describe the call:
+        with them, the split tiles of the sm_90a kernel (``key_parts``) are reproduced too."""
         backend = self.resolve(has_mask)
         if not backend.compiled or head_dim % 8:
             from sageattention.triton.launch import reference_options  # noqa: PLC0415 - needs triton
 
             return reference_options(backend.pv, head_dim)
         # Q per token; K per kernel step; two INT8 digits of K with FP16 P·V (cuda_sm80)
-        return {
+        options = {
             "pv": backend.pv,
             "block_m": 1,
             "block_n": backend.key_block,
             "k_residual": backend.pv is PVDtype.FP16,
             "rowsum": backend.rowsum,
         }
+        if backend.name == "cuda_sm90" and shape is not None:
+            from sageattention import cuda_sm90  # noqa: PLC0415 - needs the compiled module
+
+            parts = cuda_sm90.key_parts(*shape, head_dim, causal)
+            if parts is not None:
+                options["key_parts"] = parts
+        return options
 
     def skip_reason(self) -> str | None:
         """Why this entry point cannot run on the current GPU, or None."""

@@ -219,9 +219,10 @@ def run_kernel(backend, q, k, v, *, causal, return_lse=False, smooth_k=True, **o
 
 
 def reference(backend, q, k, v, *, causal, return_lse=False, smooth_k=True, **options):
-    """sage_ref with ``backend``'s quantization (SageBackend.reference_options); ``options`` replace
-    single ones (k_residual=False: one K digit)."""
-    options = {**backend.reference_options(q.shape[-1]), **options}
+    """sage_ref with ``backend``'s quantization (SageBackend.reference_options, the sm_90a kernel's
+    split tiles included); ``options`` replace single ones (k_residual=False: one K digit)."""
+    shape = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    options = {**backend.reference_options(q.shape[-1], shape=shape, causal=causal), **options}
     return sage_ref(
         q, k, v, is_causal=causal, sm_scale=q.shape[-1] ** -0.5, smooth_k=smooth_k, return_lse=return_lse,
         **options,
@@ -672,6 +673,55 @@ def test_persistent_ctas_take_every_tile_once(sage_backend, metrics, mma, causal
     ref, ref_lse = reference(sage_backend, q, k, v, causal=causal, return_lse=True)
     mma.check_tight(metrics, out, ref, sage_backend.pv)
     mma.check_lse(lse, ref_lse, atol=KERNELS[sage_backend.name].lse_atol)
+
+
+@pytest.mark.parametrize(
+    "b,hq,hkv,n,d",
+    [(1, 2, 2, 2100, 128), (1, 8, 8, 4096, 128), (1, 5, 5, 3000, 64), (1, 4, 2, 2049, 64)],
+    ids=["tiles-below-sms", "accuracy-shape", "d64", "gqa-d64"],
+)  # fmt: skip
+@on(SM90)
+def test_split_tiles_merge_their_parts(sage_backend, metrics, mma, b, hq, hkv, n, d):
+    """Non-causal, the sm_90a kernel splits the tiles of its last, partial wave along the keys
+    (sm90_split_plan): each part writes its rows' partial output, maximum and sum, and the tile's last
+    part merges them in part order. The shapes split on this GPU (tiles in 2 or 3 parts of 8-12 key
+    blocks, the last one masked past Nk; tiles of one row; GQA): every row comes out right against
+    sage_ref with the same split (key_parts), the LSE too, calls repeat bit for bit whichever part ends
+    last, and the two-op path agrees."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    _, parts, _ = ops.sm90_split_plan(b, hq, n, n, d, False, sms)
+    if parts == 1:
+        pytest.skip(f"b={b} h={hq} n={n} d={d} splits no tile on {sms} SMs")
+    q = mma.make(b, hq, n, d, "NHD", torch.bfloat16, 71)
+    k, v = (mma.make(b, hkv, n, d, "NHD", torch.bfloat16, s) for s in (72, 73))
+    args = {"is_causal": False, "sm_scale": d**-0.5, "smooth_k": True, "return_lse": True}
+    out, lse = cuda_sm90.attention_sm90(q, k, v, **args)
+    for _ in range(3):
+        again, again_lse = cuda_sm90.attention_sm90(q, k, v, **args)
+        assert torch.equal(out, again) and torch.equal(lse, again_lse)
+    two, two_lse = _two_ops_sm90(q, k, v, **args)
+    assert torch.equal(out, two) and torch.equal(lse, two_lse)
+    ref, ref_lse = reference(sage_backend, q, k, v, causal=False, return_lse=True)
+    mma.check_tight(metrics, out, ref, sage_backend.pv)
+    mma.check_lse(lse, ref_lse, atol=KERNELS[sage_backend.name].lse_atol)
+
+
+@on(SM90)
+def test_split_plan(sage_backend):
+    """The split the kernel takes: none for causal attention, whole waves or tiles of few key blocks
+    (parts of 8 blocks at least; a part costs about four blocks more than its share); the last wave's
+    tiles in as many parts as fill the SMs, at most 4. Tiles of 192 query rows at d_pad 128, 256 at 64."""
+    plan = ops.sm90_split_plan
+    assert plan(4, 32, 4096, 4096, 128, False, 132) == [2816 - 44, 3, 192]  # 44 tiles in the last wave
+    assert plan(1, 24, 4608, 4608, 128, False, 132) == [576 - 48, 2, 192]
+    assert plan(1, 5, 3000, 3000, 64, False, 132) == [0, 2, 256]  # 60 tiles of 24 key blocks
+    assert plan(4, 32, 4096, 4096, 128, True, 132)[1] == 1
+    assert plan(1, 22, 4608, 4608, 128, False, 132)[1] == 1  # 528 tiles: four whole waves
+    assert plan(1, 1, 4096, 4096, 128, False, 132) == [0, 4, 192]  # 22 tiles of 32 key blocks
+    assert plan(1, 24, 1024, 1024, 128, False, 132)[1] == 1  # 8 key blocks a tile: parts would be short
+    assert plan(1, 1, 256, 256, 128, False, 132)[1] == 1  # 2 key blocks: halves would cost 5 each
+    with pytest.raises(RuntimeError, match="d_pad must be 64 or 128"):
+        plan(1, 1, 128, 128, 96, False, 132)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -157,7 +157,8 @@ def test_kernel_matches_sage_ref_and_repeats_bit_for_bit(sage_backend, metrics, 
     assert torch.equal(lse, lse_again), "two calls on the same inputs gave different LSEs"
 
     has_mask = attn_mask is not None
-    options = backend.reference_options(case.d, has_mask)
+    shape = (case.b, case.hq, case.nq, case.nk)
+    options = backend.reference_options(case.d, has_mask, shape=shape, causal=case.causal)
     ref, ref_lse = sage_ref(q, k, v, smooth_k=smooth_k, **options, **kw)
     pv = backend.resolve(has_mask).pv
     metrics.assert_tight(out, ref, pv, f"{backend.name} vs sage_ref, {case}")

@@ -135,6 +135,39 @@ def test_rounded_rowsum_weights_add_up_to_one(inputs, metrics, pv):
         sage_ref(q, k, v, rowsum="fp8")
 
 
+def test_key_parts_merge_like_separate_halves(inputs):
+    """A row whose keys are split in parts (key_parts, the sm_90a kernel's split tiles) gives what
+    attention over each part alone gives, merged by the parts' LSEs: checked with FP16 P·V and no
+    smoothing, where a part's result is sage_ref of its keys alone (K blocks and V do not depend on the
+    other keys). Rows of one part keep the unsplit result bit for bit."""
+    q, k, v = inputs.make_qkv(1, 2, 2, 40, 300, 64, kind="randn", dtype=torch.float16)
+    opts = {"pv": PVDtype.FP16, "block_m": 1, "block_n": 64, "smooth_k": False, "return_lse": True}
+    whole, whole_lse = sage_ref(q, k, v, **opts)
+    parts = torch.ones(1, 2, 40, dtype=torch.int64)
+    parts[:, 1, 10:] = 2  # head 1, rows 10..39: blocks [0, 2) and [2, 5), keys [0, 128) and [128, 300)
+    out, lse = sage_ref(q, k, v, key_parts=parts, **opts)
+    assert torch.equal(out[:, 0], whole[:, 0]) and torch.equal(out[:, 1, :10], whole[:, 1, :10])
+    assert torch.equal(lse[:, 0], whole_lse[:, 0])
+    a, a_lse = sage_ref(q, k[:, :, :128], v[:, :, :128], **opts)
+    b, b_lse = sage_ref(q, k[:, :, 128:], v[:, :, 128:], **opts)
+    merged_lse = torch.logaddexp(a_lse, b_lse)
+    merged = a * (a_lse - merged_lse).exp().unsqueeze(-1) + b * (b_lse - merged_lse).exp().unsqueeze(-1)
+    torch.testing.assert_close(out[:, 1, 10:], merged[:, 1, 10:], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(lse[:, 1, 10:], merged_lse[:, 1, 10:], rtol=1e-6, atol=1e-6)
+    assert not torch.equal(out[:, 1, 10:], whole[:, 1, 10:])  # P rounds against each part's own max
+
+
+@pytest.mark.parametrize("kind", ["randn", "outlier"])
+def test_key_parts_stay_within_the_fp8_bounds(inputs, metrics, kind):
+    """Split in 3 or 5 parts, FP8 P·V keeps the accuracy the kernels are held to."""
+    cos_min, l1_max = SAGE_REF_BOUNDS[PVDtype.FP8, kind]
+    q, k, v = inputs.make_qkv(1, 2, 2, 64, 640, 64, kind=kind, dtype=torch.float16)
+    parts = torch.tensor([3, 5]).reshape(1, 2, 1)
+    out = sage_ref(q, k, v, pv=PVDtype.FP8, block_n=128, rowsum="rounded", key_parts=parts)
+    stats = metrics.summary(out, attention_ref(q, k, v))
+    assert stats["cos"] >= cos_min and stats["rel_l1"] <= l1_max, metrics.fmt(stats)
+
+
 def test_sage_ref_lse_close_to_exact(inputs):
     q, k, v = inputs.make_qkv(1, 2, 1, 100, 130, 64, kind="outlier", dtype=torch.bfloat16)
     _, lse = sage_ref(q, k, v, is_causal=True, return_lse=True)
