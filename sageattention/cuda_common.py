@@ -1,10 +1,13 @@
 """What the launchers of the compiled attention kernels (cuda_sm80, cuda_sm89, cuda_sm90) share:
-the input checks, the padded head dim, and loading the extensions whose ops they call."""
+the input checks, the padded head dim, and loading the extensions whose ops they call. Importing it
+registers the ops' fake implementations (cuda_ops), so that torch.compile traces whichever launcher
+a process reaches first."""
 
 from __future__ import annotations
 
 import torch
 
+from . import cuda_ops  # noqa: F401  (registers the fake implementations, for torch.compile)
 from . import ops as _ops
 
 __all__ = ["d_pad", "check_qkv", "load_extensions"]

@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from . import (
-    cuda_common,
-    cuda_ops,  # noqa: F401  (registers the fake implementations, for torch.compile)
-)
+from . import cuda_common
 from .quant import INT8_MAX, LOG2E
 
 __all__ = ["attention_sm80", "KEY_BLOCK", "PV_ACCUMS"]

@@ -62,6 +62,12 @@ DTYPES = st.sampled_from([torch.float16, torch.bfloat16])
 #: The LSE against sage_ref's: one INT8 rounding flip (the K mean differs in its last bit) moves a short
 #: row by about 2e-3 (tests/gpu/test_triton_api.py).
 LSE_ATOL = 1e-2
+#: The same where the kernel's row sum adds the rounded P (sm90, rowsum="rounded"): an element whose
+#: 448 P sits next to an e4m3 rounding boundary can round the other way in the kernel (its exp2 is
+#: ex2.approx), which moves the sum by one e4m3 step, at most 1/8 of that element, itself at most the
+#: row's largest (448): the LSE by up to ln(1 + 1/16). Seen: 0.0112 (b=1 h=1 nq=253 nk=257 d=64,
+#: sm_scale 0.25, H100).
+LSE_ATOL_ROUNDED = math.log1p(1 / 16)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -168,7 +174,8 @@ def test_kernel_matches_sage_ref_and_repeats_bit_for_bit(sage_backend, metrics, 
     dead = _hnd(out, case.layout)[~alive]
     assert torch.all(dead == 0), "a row without a visible key must give 0"
     if alive.any():
-        torch.testing.assert_close(lse[alive], ref_lse[alive], atol=LSE_ATOL, rtol=1e-4)
+        atol = LSE_ATOL_ROUNDED if backend.resolve(has_mask).rowsum == "rounded" else LSE_ATOL
+        torch.testing.assert_close(lse[alive], ref_lse[alive], atol=atol, rtol=1e-4)
 
 
 # --------------------------------------------------------------------------------------------------
