@@ -202,7 +202,9 @@ int main(int argc, char** argv) {
               flops / (ms * 1e-3) / 1e12);
 #ifdef SAGE_SM90_CTA_TIMES
   constexpr int kRows = Cta<consumer_wgs(D)>::kBlockM;  // query rows per CTA
-  cta_timeline(launch(), int64_t((n + kRows - 1) / kRows) * heads * batch);
+  // One entry per work item: the tiles, with the parts of the split ones (AttnSm90Split).
+  const int64_t tiles = int64_t((n + kRows - 1) / kRows) * heads * batch;
+  cta_timeline(launch(), split.first + (tiles - split.first) * split.parts);
 #endif
   return 0;
 #endif

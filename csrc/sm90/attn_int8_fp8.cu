@@ -576,7 +576,7 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
   if (wg == 0) {
     // ---------------------------------------------------------------------------------- producer
     // Draws the CTA's tiles (its first is blockIdx.x, each later one from the launch's counter,
-    // drawn a tile ahead), hands each to the consumers through a tile slot, loads each consumer
+    // drawn once the tile before has all its blocks in the ring), hands each to the consumers through a tile slot, loads each consumer
     // warpgroup's 64 rows of Q once that warpgroup has released the previous tile's, and streams the
     // tile's K and Vᵀ blocks through the ring, which runs on from tile to tile.
     setmaxnreg_dec<kProducerRegs>();
@@ -590,7 +590,6 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
         return static_cast<int>(gridDim.x) + __shfl_sync(0xffffffffu, drawn, 0);
       };
       int tile = blockIdx.x;
-      int next = -1;  // drawn once the first tile's loads are out, then a tile ahead
       uint32_t q_loaded = 0, q_parity = 0;  // per consumer warpgroup: a Q tile loaded before; its parity
       int pos = 0;                          // ring position: stage pos % kStages, round pos / kStages
       for (int it = 0;; ++it) {
@@ -650,16 +649,19 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
             first = false;
           }
         }
-        if (next < 0) next = draw();
-        if (leader && next < items) {  // its Q into L2 while this tile runs
+        fill(cta_end);
+        // The next item, drawn once this one's blocks are all in the ring (about kStages blocks before
+        // its end), and its Q into L2 while they run. Drawn a whole item ahead instead, an SM held an
+        // item back from the SMs that ran out first: the SMs left the kernel about a tile apart (idle
+        // tail 28 against 19 us per SM at b=4 h=32 n=4096; causal n=4096 3% slower, bench/NOTES.md).
+        const int next = draw();
+        if (leader && next < items) {
           const Tile nt(Work::of<kCausal>(p, next).tile, blocks_m, p.heads_q);
           for (int w = 0; w < kWgs && nt.m0() + w * kWgRows < p.nq; ++w) {
             tma_prefetch_l2_4d(&tm_q, 0, nt.m0() + w * kWgRows, nt.h, nt.b);
           }
         }
-        fill(cta_end);
         tile = next;
-        if (next < items) next = draw();
       }
     }
     return;
@@ -886,9 +888,9 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
             p.lse[off] = lse;
           }
         }
-        if (t == 0 && (cw == 0 || cw == kWgs - 1)) SAGE_CTA_TIME(tile, cw == 0 ? 5 : 6, clock64());
-        if (cw == 0 && t == 0) SAGE_CTA_TIME(tile, 7, global_ns());
       }
+      if (t == 0 && (cw == 0 || cw == kWgs - 1)) SAGE_CTA_TIME(tile, cw == 0 ? 5 : 6, clock64());
+      if (cw == 0 && t == 0) SAGE_CTA_TIME(tile, 7, global_ns());
 #ifdef SAGE_SM90_TRACE
       trace_on = false;
 #endif
