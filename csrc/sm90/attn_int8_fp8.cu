@@ -29,7 +29,15 @@
 // with it through the ring (the producer stores it next to the stage), which keeps the consumers'
 // key loop free of a pointer and of spills. Against one tile per CTA, H100, kernel alone, b=4 h=32
 // d=128: 6.0% faster at n=1024, 1.4% at 4096, 0.4% at 16384, causal 5.9% / 1.2% / -0.1% at 1024 /
-// 4096 / 16384; d=64: 7.9% / 2.4% / -1.0% at 1024 / 4096 / 16384 (bench/NOTES.md).
+// 4096 / 16384; d=64: 7.9% / 2.4% / -1.0% at 1024 / 4096 / 16384 (bench/NOTES.md). A CTA draws its
+// next tile once the current one's blocks are all in the ring (drawn a tile ahead, an SM could hold a
+// tile back from SMs that had run out: causal n=4096 3% slower).
+//
+// The last wave split along the keys (non-causal; AttnSm90Split, Work, merge_parts). The last
+// T mod S of T tiles on S SMs run as 2-4 parts over ranges of their key blocks, drawn like tiles;
+// each part leaves its rows' float32 output, max and row sum in a workspace, and the tile's last part
+// merges them and writes the output. Kernel alone, H100: the diffusion shape (b=1 h=24 n=4608) 8.6%
+// faster, b=1 h=8 n=4096 25%, b=2 h=10 n=4096 13%, b=4 h=32 n=4096 1.3% (bench/NOTES.md).
 //
 // The schedule. Each consumer warpgroup runs its blocks one after the other: Q·Kᵀ, wait, softmax,
 // P·V, wait, promotion. Per 128-key block of 128 rows at D = 128 the MMAs are 8.4 M ops, 1024 cycles
