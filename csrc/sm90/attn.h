@@ -69,6 +69,8 @@ struct AttnSm90Split {
 };
 // Split-tile counters a launch may need, at most (tile_counter's ints after the first).
 constexpr int kSm90SplitCounters = 1023;
+// Parts per split tile, at most.
+constexpr int kSm90MaxSplitParts = 4;
 // The split for a launch of these sizes on `sms` SMs: the part count that minimizes the last wave's
 // time in a model where each part costs its key blocks plus a fixed overhead; none for causal
 // attention (its tiles are unequal, and the heaviest go first).
@@ -77,8 +79,8 @@ AttnSm90Split attn_sm90_split_plan(int batch, int heads_q, int nq, int nk, int d
 // Checks nothing the caller already checked (bindings.cpp). Returns cudaErrorInvalidValue for a
 // d_pad other than 64 or 128, a head_dim that is not a multiple of 8 or exceeds d_pad, no
 // tile_counter, 2^31 tiles (64 x consumer warpgroups query rows of one head each) or more, a split
-// (split_parts > 1) of causal attention, with parts of no key block, more counters than
-// kSm90SplitCounters or no workspace, or tensors the TMA unit cannot describe;
+// (split_parts > 1) of causal attention, with more than kSm90MaxSplitParts parts or parts of no key
+// block, more counters than kSm90SplitCounters or no workspace, or tensors the TMA unit cannot describe;
 // cudaErrorNoKernelImageForDevice on a GPU other than sm_90; cudaErrorNotSupported when the driver has
 // no cuTensorMapEncodeTiled.
 cudaError_t launch_qk_int8_sv_f8_attn_sm90(const AttnSm90Args& args, cudaStream_t stream);

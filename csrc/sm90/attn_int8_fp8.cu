@@ -975,7 +975,8 @@ cudaError_t launch(const AttnSm90Args& in, cudaStream_t stream) {
   } else {
     const int blocks = (args.nk + kBlockN - 1) / kBlockN;
     const bool split_ok = !kCausal && args.split_first >= 0 && args.split_first < tiles &&
-                          args.split_parts <= blocks && args.split_partials != nullptr &&
+                          args.split_parts <= kSm90MaxSplitParts && args.split_parts <= blocks &&
+                          args.split_partials != nullptr &&
                           (tiles - args.split_first) * kWgs <= kSm90SplitCounters;
     if (!split_ok) return cudaErrorInvalidValue;
   }
@@ -1025,11 +1026,11 @@ cudaError_t launch_causal(const AttnSm90Args& args, cudaStream_t stream) {
 // The split model (AttnSm90Split): a part costs its share of the tile's key blocks plus about
 // kSplitOverheadBlocks blocks (its Q's wait, the partials' stores, a share of the merge); the last wave
 // then takes ceil(last x parts / SMs) rounds of parts. Parts hold kMinPartBlocks blocks at least, and
-// there are at most kMaxParts of them. Measured on an H100, kernel alone (bench/NOTES.md): overheads
+// there are at most kMaxParts (kSm90MaxSplitParts) of them. Measured on an H100, kernel alone (bench/NOTES.md): overheads
 // of 2, 3 and 4 blocks split the same shapes alike except n=2048 (b=4 h=32: 2 splits it, 2.5% slower);
 // 8 parts at most was no faster than 4; and parts of 2 blocks (b=1 h=24 n=1024: 6 tiles a head of 8
 // blocks each, 12 in the last wave) made the kernel 12% slower.
-constexpr int kMaxParts = 4;
+constexpr int kMaxParts = kSm90MaxSplitParts;
 constexpr int kMinPartBlocks = 8;
 constexpr double kSplitOverheadBlocks = 4.0;
 AttnSm90Split attn_sm90_split_plan(int batch, int heads_q, int nq, int nk, int d_pad, bool causal, int sms) {
