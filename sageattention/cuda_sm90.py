@@ -19,8 +19,8 @@ shapes are bound by it). The quantization:
 The fused op's outputs are bit for bit those of the separate ops given its K mean, which it sums in
 an order of its own: it may differ from ``k.mean(dim=2, dtype=torch.float32)`` by float32 rounding.
 
-It computes what ``sage_ref(q, k, v, pv=PVDtype.FP8, block_m=1, block_n=128, rowsum="rounded", ...)``
-computes.
+It computes what ``sage_ref(q, k, v, pv=PVDtype.FP8, block_m=1, block_n=128, rowsum="rounded",
+key_parts=key_parts(...), ...)`` computes (``key_parts``: the split of the last wave's tiles, below).
 
 A CTA of the kernel is one producer warpgroup (TMA loads) and 3 (head dim 128) or 4 (head dim 64)
 consumer warpgroups of 64 query rows each (``csrc/sm90/attn_int8_fp8.cu``). Non-causal, the tiles of
