@@ -204,7 +204,7 @@ int main(int argc, char** argv) {
   constexpr int kRows = Cta<consumer_wgs(D)>::kBlockM;  // query rows per CTA
   // One entry per work item: the tiles, with the parts of the split ones (AttnSm90Split).
   const int64_t tiles = int64_t((n + kRows - 1) / kRows) * heads * batch;
-  cta_timeline(launch(), split.first + (tiles - split.first) * split.parts);
+  cta_timeline(launch(), sm90_work_items(tiles, split.first, split.parts));
 #endif
   return 0;
 #endif

@@ -169,6 +169,11 @@ def quantize_qk_ref(
     return QuantizedQK(q8, q_scale, k8, k_scale, k_mean)
 
 
+def _zero_where_no_key(m: torch.Tensor) -> torch.Tensor:
+    """A running max with 0 where a row has seen no key yet (-inf), so that exp2(x - it) stays finite."""
+    return torch.where(m == -math.inf, torch.zeros_like(m), m)
+
+
 def sage_ref(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -246,7 +251,7 @@ def sage_ref(
             if visible is not None:
                 s = s.masked_fill(~visible.expand(b, hq, nq, nk)[..., start:stop], -math.inf)
             m_new = torch.maximum(m, s.amax(dim=-1))
-            m_safe = torch.where(m_new == -math.inf, torch.zeros_like(m_new), m_new)
+            m_safe = _zero_where_no_key(m_new)
             p = torch.exp2(s - m_safe.unsqueeze(-1))
             alpha = torch.exp2(m - m_safe)
             if pv is PVDtype.FP8:
@@ -266,7 +271,7 @@ def sage_ref(
         for parts in sorted(set(key_parts.unique().tolist()) - {1}):
             pieces = [online_softmax(j * blocks // parts, (j + 1) * blocks // parts) for j in range(parts)]
             m_parts = torch.stack([piece[2] for piece in pieces]).amax(dim=0)
-            m_safe = torch.where(m_parts == -math.inf, torch.zeros_like(m_parts), m_parts)
+            m_safe = _zero_where_no_key(m_parts)
             acc_parts, l_parts = torch.zeros_like(acc), torch.zeros_like(l_sum)
             for acc_j, l_j, m_j in pieces:
                 weight = torch.exp2(m_j - m_safe)

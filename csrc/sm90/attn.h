@@ -71,6 +71,11 @@ struct AttnSm90Split {
 constexpr int kSm90SplitCounters = 1023;
 // Parts per split tile, at most.
 constexpr int kSm90MaxSplitParts = 4;
+// The work items a launch's CTAs draw: its tiles, the `parts` parts of each of those from `first` on
+// counted instead of the tile (AttnSm90Args::split_first, split_parts; the kernel's Work).
+__host__ __device__ inline int64_t sm90_work_items(int64_t tiles, int first, int parts) {
+  return first + (tiles - first) * parts;
+}
 // The split for a launch of these sizes on `sms` SMs: the part count that minimizes the last wave's
 // time in a model where each part costs its key blocks plus a fixed overhead; none for causal
 // attention (its tiles are unequal, and the heaviest go first).

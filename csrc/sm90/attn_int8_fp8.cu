@@ -146,6 +146,10 @@ constexpr int kOutBoxRows = kWgRows;
 // (see the budget above). D = 128: 3 of 160 registers; D = 64: 4 of 112.
 __host__ __device__ constexpr int consumer_wgs(int d) { return d == 64 ? 4 : 3; }
 
+// Float32 values a consumer thread leaves per part of a split tile (merge_parts): its D / 2 output
+// values, then its two rows' running maxima and row sums.
+__host__ __device__ constexpr int split_values(int d) { return d / 2 + 4; }
+
 // The CTA of a kernel with kWgs consumer warpgroups (64 query rows each) and one producer.
 template <int kWgs>
 struct Cta {
@@ -466,7 +470,7 @@ struct Work {
 template <int D, int kWgs>
 __device__ __forceinline__ bool merge_parts(const AttnSm90Args& p, int slot, int cw, int t, int* rank,
                                             float (&o)[D / 2], float (&m_run)[2], float (&l_run)[2]) {
-  constexpr int kVals = D / 2 + 4;  // o, then m_run[0..1], then l_run[0..1]
+  constexpr int kVals = split_values(D);  // o, then m_run[0..1], then l_run[0..1]
   constexpr int64_t kSlotFloats = int64_t{kWgs} * kVals * kWgThreads;
   const int parts = p.split_parts, part = slot % parts;
   const float* const first = p.split_partials + (slot - part) * kSlotFloats + cw * kVals * kWgThreads + t;
@@ -539,7 +543,7 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
   // The work items: whole tiles, then the parts of the split ones (the launcher sets first = tiles and
   // parts = 1 when none is split; causal launches split none).
   const int tiles = blocks_m * p.heads_q * p.batch;
-  const int items = kCausal ? tiles : p.split_first + (tiles - p.split_first) * p.split_parts;
+  const int items = kCausal ? tiles : static_cast<int>(sm90_work_items(tiles, p.split_first, p.split_parts));
   // Broadcast from lane 0, so that ptxas knows the warpgroup index is warp-uniform: the descriptors
   // derived from it then stay in uniform registers, and the loop top issues the wgmmas without
   // recomputing them and moving them over (R2UR) every step (20 instructions fewer per block when
@@ -584,9 +588,10 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
   if (wg == 0) {
     // ---------------------------------------------------------------------------------- producer
     // Draws the CTA's tiles (its first is blockIdx.x, each later one from the launch's counter,
-    // drawn once the tile before has all its blocks in the ring), hands each to the consumers through a tile slot, loads each consumer
-    // warpgroup's 64 rows of Q once that warpgroup has released the previous tile's, and streams the
-    // tile's K and Vᵀ blocks through the ring, which runs on from tile to tile.
+    // drawn once the tile before has all its blocks in the ring), hands each to the consumers through
+    // a tile slot, loads each consumer warpgroup's 64 rows of Q once that warpgroup has released the
+    // previous tile's, and streams the tile's K and Vᵀ blocks through the ring, which runs on from tile
+    // to tile.
     setmaxnreg_dec<kProducerRegs>();
     // Warp 0 runs the loop, every lane alike (so the values stay warp-uniform, in uniform registers:
     // 32 registers a thread would not hold them); lane 0 alone arrives and issues the copies.
@@ -980,7 +985,7 @@ cudaError_t launch(const AttnSm90Args& in, cudaStream_t stream) {
                           (tiles - args.split_first) * kWgs <= kSm90SplitCounters;
     if (!split_ok) return cudaErrorInvalidValue;
   }
-  const int64_t items = args.split_first + (tiles - args.split_first) * args.split_parts;
+  const int64_t items = sm90_work_items(tiles, args.split_first, args.split_parts);
   if (items >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
   cudaError_t err = make_maps<D>(args, &tm_q, &tm_k, &tm_v, &tm_o);
   if (err != cudaSuccess) return err;
@@ -1026,11 +1031,10 @@ cudaError_t launch_causal(const AttnSm90Args& args, cudaStream_t stream) {
 // The split model (AttnSm90Split): a part costs its share of the tile's key blocks plus about
 // kSplitOverheadBlocks blocks (its Q's wait, the partials' stores, a share of the merge); the last wave
 // then takes ceil(last x parts / SMs) rounds of parts. Parts hold kMinPartBlocks blocks at least, and
-// there are at most kMaxParts (kSm90MaxSplitParts) of them. Measured on an H100, kernel alone (bench/NOTES.md): overheads
-// of 2, 3 and 4 blocks split the same shapes alike except n=2048 (b=4 h=32: 2 splits it, 2.5% slower);
+// there are at most kSm90MaxSplitParts of them. Measured on an H100, kernel alone (bench/NOTES.md):
+// overheads of 2, 3 and 4 blocks split the same shapes alike except n=2048 (b=4 h=32: 2 splits it, 2.5% slower);
 // 8 parts at most was no faster than 4; and parts of 2 blocks (b=1 h=24 n=1024: 6 tiles a head of 8
 // blocks each, 12 in the last wave) made the kernel 12% slower.
-constexpr int kMaxParts = kSm90MaxSplitParts;
 constexpr int kMinPartBlocks = 8;
 constexpr double kSplitOverheadBlocks = 4.0;
 AttnSm90Split attn_sm90_split_plan(int batch, int heads_q, int nq, int nk, int d_pad, bool causal, int sms) {
@@ -1042,7 +1046,7 @@ AttnSm90Split attn_sm90_split_plan(int batch, int heads_q, int nq, int nk, int d
   const int64_t last = tiles % sms;  // the tiles of the last, partial wave (all of them when tiles < sms)
   if (last == 0 || last * wgs > kSm90SplitCounters) return plan;
   double best = 1.0;  // whole tiles: one round of one tile
-  for (int parts = 2; parts <= kMaxParts && parts * kMinPartBlocks <= blocks; ++parts) {
+  for (int parts = 2; parts <= kSm90MaxSplitParts && parts * kMinPartBlocks <= blocks; ++parts) {
     const int64_t rounds = (last * parts + sms - 1) / sms;
     const double cost = static_cast<double>(rounds) * (1.0 / parts + kSplitOverheadBlocks / blocks);
     if (cost < best) {
@@ -1052,7 +1056,7 @@ AttnSm90Split attn_sm90_split_plan(int batch, int heads_q, int nq, int nk, int d
   }
   if (plan.parts > 1) {
     plan.first = static_cast<int>(tiles - last);
-    plan.partials_floats = last * plan.parts * wgs * kWgThreads * (d_pad / 2 + 4);
+    plan.partials_floats = last * plan.parts * wgs * kWgThreads * split_values(d_pad);
   }
   return plan;
 }
