@@ -484,7 +484,11 @@ __device__ __forceinline__ bool merge_parts(const AttnSm90Args& p, int slot, int
   }
   __threadfence();  // this thread's stores, before the count that publishes them
   named_barrier_sync(kOutBarrier + cw, kWgThreads);
-  if (t == 0) *rank = atomicAdd(p.tile_counter + 1 + (slot / parts) * kWgs + cw, 1);
+  if (t == 0) {  // fences in the counting thread too: release before the count, acquire after it
+    __threadfence();
+    *rank = atomicAdd(p.tile_counter + 1 + (slot / parts) * kWgs + cw, 1);
+    __threadfence();
+  }
   named_barrier_sync(kOutBarrier + cw, kWgThreads);
   // Broadcast from lane 0 (as the tile index): ptxas then knows the branch to be warp-uniform, and the
   // key loop keeps its uniform registers (read by every thread, the key loop spilled: 475 instructions

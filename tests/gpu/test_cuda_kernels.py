@@ -704,6 +704,14 @@ def test_split_tiles_merge_their_parts(sage_backend, metrics, mma, b, hq, hkv, n
     ref, ref_lse = reference(sage_backend, q, k, v, causal=False, return_lse=True)
     mma.check_tight(metrics, out, ref, sage_backend.pv)
     mma.check_lse(lse, ref_lse, atol=KERNELS[sage_backend.name].lse_atol)
+    # The split is real and simulated right: on the split rows the kernel is far closer to sage_ref with
+    # the split than to sage_ref without it (its parts round P against their own maxima).
+    split = cuda_sm90.key_parts(b, hq, n, n, d, False) > 1
+    whole, whole_lse = reference(sage_backend, q, k, v, causal=False, return_lse=True, key_parts=None)
+    near = (out.float() - ref)[split].abs().max().item()
+    far = (out.float() - whole)[split].abs().max().item()
+    assert near < 0.5 * far, f"split rows: {near} from the split reference, {far} from the unsplit one"
+    assert (lse - ref_lse)[split].abs().max().item() < 0.5 * (lse - whole_lse)[split].abs().max().item()
 
 
 @on(SM90)

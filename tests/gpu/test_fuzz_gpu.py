@@ -174,8 +174,13 @@ def test_kernel_matches_sage_ref_and_repeats_bit_for_bit(sage_backend, metrics, 
     dead = _hnd(out, case.layout)[~alive]
     assert torch.all(dead == 0), "a row without a visible key must give 0"
     if alive.any():
-        atol = LSE_ATOL_ROUNDED if backend.resolve(has_mask).rowsum == "rounded" else LSE_ATOL
-        torch.testing.assert_close(lse[alive], ref_lse[alive], atol=atol, rtol=1e-4)
+        if backend.resolve(has_mask).rowsum == "rounded":  # flips: rare, each within LSE_ATOL_ROUNDED
+            err = (lse[alive] - ref_lse[alive]).abs() - 1e-4 * ref_lse[alive].abs()
+            assert err.max().item() <= LSE_ATOL_ROUNDED, f"LSE {err.max().item()} off sage_ref's"
+            beyond = int((err > LSE_ATOL).sum())
+            assert beyond <= max(1, err.numel() // 100), f"{beyond} of {err.numel()} LSEs beyond {LSE_ATOL}"
+        else:
+            torch.testing.assert_close(lse[alive], ref_lse[alive], atol=LSE_ATOL, rtol=1e-4)
 
 
 # --------------------------------------------------------------------------------------------------
