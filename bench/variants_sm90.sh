@@ -21,7 +21,7 @@ for pass in 1 2; do
   for shape in "${list[@]}"; do
     for name in "${names[@]}"; do
       # shellcheck disable=SC2086
-      echo "pass $pass $name $("/tmp/variant-$name" $shape 2>&1 | head -1)" | tee -a "$out"
+      echo "pass $pass $name $("/tmp/variant-$name" $shape 2>&1 | grep -m1 -E "kernel|rror")" | tee -a "$out"
     done
   done
 done

@@ -53,6 +53,9 @@ struct AttnSm90Args {
   // its partials_floats floats of workspace, no initial contents (null when nothing is split).
   int split_first, split_parts;
   float* split_partials;
+  // Causal: the tiles from causal_tail_first on, those of the last causal_tail_heads (b, h) heads, are
+  // numbered row block by row block (TileOf). Set by the launcher.
+  int causal_tail_first, causal_tail_heads;
 };
 
 // Splitting the last wave's tiles along the keys (non-causal): with T tiles on S SMs, the last T mod S

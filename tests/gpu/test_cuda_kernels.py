@@ -659,7 +659,8 @@ def test_block_counts(sage_backend, metrics, causal, d, nq, nk, mma):
 def test_persistent_ctas_take_every_tile_once(sage_backend, metrics, mma, causal, d):
     """The sm_90a kernel runs one CTA per SM, each drawing tiles from a counter: with several times
     more tiles than SMs (b=2, 40 query heads over 8 KV heads, n=1000: each head's last tile holds
-    rows for one warpgroup only; causal tiles of unequal length), every row comes out right, a second
+    rows for one warpgroup only; causal tiles of unequal length, the last heads' drawn row block by row
+    block and the others head by head, causal_tile), every row comes out right, a second
     call (its counter zeroed again) gives the same bits, and the two-op path (a counter of its own)
     agrees bit for bit."""
     q = mma.make(2, 40, 1000, d, "NHD", torch.bfloat16, 61)
