@@ -41,4 +41,12 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
+// The store counterpart of ldmatrix_x4: lane i gives the row address of matrix i / 8, row i % 8; lane l
+// supplies row l / 4, bytes 4 * (l % 4)..+3 of matrix j in r[j] (an MMA accumulator's fragment).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 }  // namespace sage

@@ -111,6 +111,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "sage_copy.cuh"
 #include "sage_mbarrier.cuh"
 #include "sage_tma.cuh"
 #include "sage_wgmma.cuh"
@@ -693,7 +694,8 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
         // tail 28 against 19 us per SM at b=4 h=32 n=4096; causal n=4096 3% slower, bench/NOTES.md).
         const int next = draw();
         if (leader && next < items) {
-          const Tile nt(Work::of<kCausal>(p, kCausal ? causal_tile(p, next, blocks_m) : next).tile, blocks_m, p.heads_q);
+          const int next_tile = kCausal ? causal_tile(p, next, blocks_m) : next;
+          const Tile nt(Work::of<kCausal>(p, next_tile).tile, blocks_m, p.heads_q);
           for (int w = 0; w < kWgs && nt.m0() + w * kWgRows < p.nq; ++w) {
             tma_prefetch_l2_4d(&tm_q, 0, nt.m0() + w * kWgRows, nt.h, nt.b);
           }
@@ -877,10 +879,11 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
       if (kCausal || wk.slot < 0 || merge_parts<D, kWgs>(p, wk.slot, cw, t, &bar.split_rank[cw], o, m_run, l_run)) {
         fetch_v_scales(tl);
         // Epilogue: divide by the row sum (448 x the reference's, which divides by sum * 448), multiply by
-        // V's channel scale, and store: the warpgroup's 64 rows go through shared memory (in the 128-byte
-        // swizzle: the 8 rows a warp writes at once land on distinct banks) and out as TMA stores, which
-        // skip the rows past Nq and the channels past head_dim (stored from registers, 4 bytes per thread
-        // and row, the kernel took 4-9% longer: 122.0 against 112.6 us at b=4 h=32 n=1024, bench/NOTES.md).
+        // V's channel scale, and store: the warpgroup's 64 rows go through shared memory (by stmatrix, in
+        // the 128-byte swizzle: the 8 rows of a matrix land on distinct banks; by 4-byte stores to generic
+        // addresses, three times the instructions, the kernel took 1-3% longer, bench/NOTES.md) and out as
+        // TMA stores, which skip the rows past Nq and the channels past head_dim (stored from registers, 4
+        // bytes per thread and row, the kernel took 4-9% longer: 122.0 against 112.6 us at b=4 h=32 n=1024).
         // The previous tile's stores must have read the tile first. Then the LSE.
         using Pair = OutPair<OutT>;
         float inv[2];
@@ -888,17 +891,29 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
         for (int i = 0; i < 2; ++i) inv[i] = l_run[i] > 0.0f ? 1.0f / l_run[i] : 0.0f;
         if (t == 0) tma_store_wait_read();
         named_barrier_sync(kOutBarrier + cw, kWgThreads);
+        {
+          // By stmatrix, four 8x8 matrices a warp at a time: matrix m of step c holds channels 8 (c + m / 2)
+          // .. + 7 of the warp's rows 8 (m % 2) .. + 7, this thread's pair of them being its accumulator
+          // values. Lane l addresses row l % 8 of matrix l / 8: box cc / 8, 16-byte chunk cc % 8 of the
+          // row, swizzled by the row (cc = c + l / 16, whose box is c's: c is even).
+          const int mat = lane / 8, mrow = lane % 8;
+          // out_tile's shared address, converted here from the generic pointer (derived from smem_u32, the
+          // key loop lost uniform registers to it: 2-10 instructions more a block).
+          uint32_t tile_addr;
+          asm volatile("{\n.reg .u64 a;\ncvta.to.shared.u64 a, %1;\ncvt.u32.u64 %0, a;\n}" : "=r"(tile_addr)
+                       : "l"(out_tile));
+          const uint32_t row_addr = tile_addr + (warp * 16 + 8 * (mat % 2) + mrow) * kOutBoxBytes;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int r = warp * 16 + group + 8 * i;  // row within the warpgroup's tile
+          for (int c = 0; c < kOTiles; c += 2) {
+            uint32_t frag[4];
 #pragma unroll
-          for (int c = 0; c < kOTiles; ++c) {
-            // Channels 8c + 2 quad, + 1: box c / 8, 16-byte chunk c % 8 of the row, swizzled by the row.
-            const uint32_t off = (c / 8) * (kOutBoxRows * kOutBoxBytes) + r * kOutBoxBytes +
-                                 (((c % 8) ^ (r % 8)) * 16) + quad * 4;
-            const typename Pair::type v =
-                Pair::make(o[4 * c + 2 * i] * inv[i] * v_sc[c][0], o[4 * c + 2 * i + 1] * inv[i] * v_sc[c][1]);
-            *reinterpret_cast<typename Pair::type*>(out_tile + off) = v;
+            for (int m = 0; m < 4; ++m) {
+              const int cm = c + m / 2, i = m % 2;
+              const typename Pair::type v =
+                  Pair::make(o[4 * cm + 2 * i] * inv[i] * v_sc[cm][0], o[4 * cm + 2 * i + 1] * inv[i] * v_sc[cm][1]);
+              frag[m] = reinterpret_cast<const uint32_t&>(v);
+            }
+            stmatrix_x4(row_addr + (c / 8) * (kOutBoxRows * kOutBoxBytes) + (((c % 8 + mat / 2) ^ mrow) * 16), frag);
           }
         }
         fence_proxy_async_shared();  // the tile, written by this thread, visible to the TMA unit
