@@ -201,7 +201,9 @@ struct Smem {
   static constexpr int kOutBoxes = D * 2 / kOutBoxBytes;
   static constexpr int kOutWgBytes = kOutBoxes * kOutBoxRows * kOutBoxBytes;
   static constexpr int kOut = (kBar + sizeof(Barriers) + kAtom - 1) / kAtom * kAtom;
-  static constexpr int kBytes = kOut + kWgs * kOutWgBytes;
+  // Each consumer warpgroup's copy of V's channel scales for its tile (float32, D of them).
+  static constexpr int kVsc = kOut + kWgs * kOutWgBytes;
+  static constexpr int kBytes = kVsc + kWgs * D * 4;
   static constexpr int kAlloc = kBytes + kAtom;  // the dynamic base is only 16-byte aligned
   static_assert(kQBytes % kAtom == 0 && kKBytes % kAtom == 0 && kVBytes % kAtom == 0, "tiles keep atom alignment");
   static_assert(kAlloc <= 227 * 1024, "above the sm_90 shared-memory limit per CTA");
@@ -223,6 +225,15 @@ struct OutPair<__nv_bfloat16> {
   using type = __nv_bfloat162;
   static __device__ __forceinline__ type make(float a, float b) { return __floats2bfloat162_rn(a, b); }
 };
+
+// The shared-memory address of a generic pointer into shared memory, converted where it is used (derived
+// from the kernel's own shared base instead, ptxas moved that base out of the key loop's uniform
+// registers: 2-10 instructions more a block).
+__device__ __forceinline__ uint32_t shared_addr(const void* p) {
+  uint32_t a;
+  asm volatile("{\n.reg .u64 g;\ncvta.to.shared.u64 g, %1;\ncvt.u32.u64 %0, g;\n}" : "=r"(a) : "l"(p));
+  return a;
+}
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
@@ -775,20 +786,18 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
       float m_run[2] = {neg_inf(), neg_inf()};
       float l_run[2] = {0.0f, 0.0f};  // 448 x the row sums of P as e4m3 (every lane of a quad holds them)
 
-      // V's channel scales of this thread's output columns, loaded before the output's stores. (Loaded
-      // among them, they came in batches, each waiting for its own trip to L2: ptxas keeps a load below
-      // a store it cannot prove disjoint. That cost about 5,000 cycles per CTA.)
-      float v_sc[kOTiles][2];
-      const auto fetch_v_scales = [&](const Tile& tl) {
+      // V's channel scales of the tile into shared memory (one 4-byte copy a thread, asynchronous: no
+      // register holds them through the key loop), read by the epilogue. (Loaded into registers by the
+      // epilogue, they cost it an L2 round trip and 32 loads a thread: causal n=1024 3% slower, n=4096 1%,
+      // d=64 n=4096 1% faster, bench/NOTES.md.)
+      float* const vsc_tile = reinterpret_cast<float*>(smem + L::kVsc) + cw * D;
+      {
+        const Tile tl(Work::of<kCausal>(p, tile).tile, blocks_m, p.heads_q);
         const float* vs_base =
             p.v_scale + tl.b * p.v_scale_strides.b + (tl.h / (p.heads_q / p.heads_kv)) * p.v_scale_strides.h;
-#pragma unroll
-        for (int c = 0; c < kOTiles; ++c) {
-          const int ch = c * 8 + quad * 2;  // head_dim is a multiple of 8, so ch + 1 is valid with ch
-          v_sc[c][0] = ch < p.head_dim ? __ldg(vs_base + ch) : 0.0f;
-          v_sc[c][1] = ch < p.head_dim ? __ldg(vs_base + ch + 1) : 0.0f;
-        }
-      };
+        if (t < D) cp_async_4(shared_addr(vsc_tile + t), vs_base + t, t < p.head_dim);
+        cp_async_commit();
+      }
 
       int32_t s[kSRegs];        // Q·Kᵀ accumulator
       float x[kSRegs];          // 448 P of the block
@@ -876,8 +885,8 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
       if (cw == 0 && t == 0) SAGE_CTA_TIME(tile, 4, clock64());
       // A part of a split tile: its rows go to the workspace, and the tile's last part merges the parts
       // and writes the output.
+      cp_async_wait<0>();  // V's scales: this thread's copy has landed
       if (kCausal || wk.slot < 0 || merge_parts<D, kWgs>(p, wk.slot, cw, t, &bar.split_rank[cw], o, m_run, l_run)) {
-        fetch_v_scales(tl);
         // Epilogue: divide by the row sum (448 x the reference's, which divides by sum * 448), multiply by
         // V's channel scale, and store: the warpgroup's 64 rows go through shared memory (by stmatrix, in
         // the 128-byte swizzle: the 8 rows of a matrix land on distinct banks; by 4-byte stores to generic
@@ -890,27 +899,23 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
 #pragma unroll
         for (int i = 0; i < 2; ++i) inv[i] = l_run[i] > 0.0f ? 1.0f / l_run[i] : 0.0f;
         if (t == 0) tma_store_wait_read();
-        named_barrier_sync(kOutBarrier + cw, kWgThreads);
+        named_barrier_sync(kOutBarrier + cw, kWgThreads);  // shows every thread's copy of V's scales
         {
           // By stmatrix, four 8x8 matrices a warp at a time: matrix m of step c holds channels 8 (c + m / 2)
           // .. + 7 of the warp's rows 8 (m % 2) .. + 7, this thread's pair of them being its accumulator
           // values. Lane l addresses row l % 8 of matrix l / 8: box cc / 8, 16-byte chunk cc % 8 of the
           // row, swizzled by the row (cc = c + l / 16, whose box is c's: c is even).
           const int mat = lane / 8, mrow = lane % 8;
-          // out_tile's shared address, converted here from the generic pointer (derived from smem_u32, the
-          // key loop lost uniform registers to it: 2-10 instructions more a block).
-          uint32_t tile_addr;
-          asm volatile("{\n.reg .u64 a;\ncvta.to.shared.u64 a, %1;\ncvt.u32.u64 %0, a;\n}" : "=r"(tile_addr)
-                       : "l"(out_tile));
-          const uint32_t row_addr = tile_addr + (warp * 16 + 8 * (mat % 2) + mrow) * kOutBoxBytes;
+          const uint32_t row_addr = shared_addr(out_tile) + (warp * 16 + 8 * (mat % 2) + mrow) * kOutBoxBytes;
 #pragma unroll
           for (int c = 0; c < kOTiles; c += 2) {
             uint32_t frag[4];
 #pragma unroll
             for (int m = 0; m < 4; ++m) {
               const int cm = c + m / 2, i = m % 2;
+              const float2 vs = *reinterpret_cast<const float2*>(vsc_tile + cm * 8 + quad * 2);
               const typename Pair::type v =
-                  Pair::make(o[4 * cm + 2 * i] * inv[i] * v_sc[cm][0], o[4 * cm + 2 * i + 1] * inv[i] * v_sc[cm][1]);
+                  Pair::make(o[4 * cm + 2 * i] * inv[i] * vs.x, o[4 * cm + 2 * i + 1] * inv[i] * vs.y);
               frag[m] = reinterpret_cast<const uint32_t&>(v);
             }
             stmatrix_x4(row_addr + (c / 8) * (kOutBoxRows * kOutBoxBytes) + (((c % 8 + mat / 2) ^ mrow) * 16), frag);
