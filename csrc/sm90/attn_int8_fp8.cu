@@ -907,13 +907,17 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
           // row, swizzled by the row (cc = c + l / 16, whose box is c's: c is even).
           const int mat = lane / 8, mrow = lane % 8;
           const uint32_t row_addr = shared_addr(out_tile) + (warp * 16 + 8 * (mat % 2) + mrow) * kOutBoxBytes;
+          const uint32_t vsc_addr = shared_addr(vsc_tile);
 #pragma unroll
           for (int c = 0; c < kOTiles; c += 2) {
             uint32_t frag[4];
 #pragma unroll
             for (int m = 0; m < 4; ++m) {
               const int cm = c + m / 2, i = m % 2;
-              const float2 vs = *reinterpret_cast<const float2*>(vsc_tile + cm * 8 + quad * 2);
+              float2 vs;
+              asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];"
+                           : "=f"(vs.x), "=f"(vs.y)
+                           : "r"(vsc_addr + (cm * 8 + quad * 2) * 4));
               const typename Pair::type v =
                   Pair::make(o[4 * cm + 2 * i] * inv[i] * vs.x, o[4 * cm + 2 * i + 1] * inv[i] * vs.y);
               frag[m] = reinterpret_cast<const uint32_t&>(v);
