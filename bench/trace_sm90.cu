@@ -42,7 +42,10 @@ const char* const kPhase[sage::kTraceEvents] = {
 // One more launch (err is its launch status), then per CTA: entry -> Q landed -> last promotion -> exit
 // in SM cycles, and per SM the gaps between one CTA's exit and the next one's entry (globaltimer), the
 // share of the kernel's span the SMs spend inside a CTA, and the idle tail after an SM's last CTA.
-void cta_timeline(cudaError_t err, int64_t ctas) {
+// light(c): whether work item c is a head's last row block of fewer rows than the CTA's (its
+// warpgroups past Nq idle), whose loop is reported apart from the others'.
+template <typename Light>
+void cta_timeline(cudaError_t err, int64_t ctas, Light light) {
   using namespace sage;
   CHECK(err);
   CHECK(cudaDeviceSynchronize());
@@ -51,13 +54,15 @@ void cta_timeline(cudaError_t err, int64_t ctas) {
   CHECK(cudaMemcpyFromSymbol(t.data(), g_sm90_cta_times, t.size() * sizeof(long long)));
   const auto F = [&](int64_t c, int f) { return t[c * kCtaTimeFields + f]; };
   long long begin = F(0, 1), end = F(0, 7);
-  double pro = 0, body = 0, epi = 0, wg_skew = 0;
+  double pro = 0, body = 0, epi = 0, wg_skew = 0, light_body = 0;
+  int64_t n_light = 0;
   int sms = 0;
   for (int64_t c = 0; c < ctas; ++c) {
     begin = std::min(begin, F(c, 1));
     end = std::max(end, F(c, 7));
     pro += F(c, 3) - F(c, 2);
     body += F(c, 4) - F(c, 3);
+    if (light(c)) light_body += F(c, 4) - F(c, 3), ++n_light;
     epi += F(c, 5) - F(c, 4);
     wg_skew += F(c, 6) - F(c, 5);
     sms = std::max(sms, int(F(c, 0)) + 1);
@@ -80,6 +85,10 @@ void cta_timeline(cudaError_t err, int64_t ctas) {
               pro / ctas, body / ctas, epi / ctas, wg_skew / ctas);
   std::printf("  SMs inside a CTA %.1f%% of the span; exit -> next entry on an SM %.0f ns; idle tail %.1f us per SM\n",
               100.0 * busy / (double(sms) * (end - begin)), n_gaps ? gaps / n_gaps : 0.0, tail / sms * 1e-3);
+  if (n_light > 0 && n_light < ctas) {
+    std::printf("  loop cycles: %lld light tiles (a head's last row block) %.0f, the others %.0f\n",
+                static_cast<long long>(n_light), light_body / n_light, (body - light_body) / (ctas - n_light));
+  }
 }
 #endif
 
@@ -204,7 +213,14 @@ int main(int argc, char** argv) {
   constexpr int kRows = Cta<consumer_wgs(D)>::kBlockM;  // query rows per CTA
   // One entry per work item: the tiles, with the parts of the split ones (AttnSm90Split).
   const int64_t tiles = int64_t((n + kRows - 1) / kRows) * heads * batch;
-  cta_timeline(launch(), sm90_work_items(tiles, split.first, split.parts));
+  // A head's last row block, where it holds fewer rows than a CTA: item % blocks_m is blocks_m - 1
+  // (causal: 0, the heaviest first; causal items are recorded by their tile), among the whole tiles
+  // (items before split.first).
+  const int blocks_m = (n + kRows - 1) / kRows;
+  const auto light = [&](int64_t c) {
+    return n % kRows != 0 && c < split.first && c % blocks_m == (causal ? 0 : blocks_m - 1);
+  };
+  cta_timeline(launch(), sm90_work_items(tiles, split.first, split.parts), light);
 #endif
   return 0;
 #endif
