@@ -64,8 +64,9 @@ constexpr int kQkvKeyGroup = kSm90KeyPermuteGroup;
 //   vt [B, Hkv, d_pad, n_pad]: launch_quant_v_fp8_transposed with permute_keys and v_amax = max |V|
 //     per channel (amax2: NaN kept); n_pad a multiple of 16, at least Nk;
 //   v_scale [B, Hkv, D]: v_amax * float(1 / 448), one float32 multiply.
-// All outputs contiguous. workspace: quant_qkv_workspace_floats(...) 4-byte words (float32 partials,
-// then int counters), no initial contents; it must not be shared with a launch that may run at once.
+// All outputs contiguous. workspace: quant_qkv_workspace_floats(...) 4-byte words (K's float32
+// partials, then V's channel maxima and int counters, which the launcher clears), no initial contents;
+// it must not be shared with a launch that may run at once.
 // Inputs: [B, H, N, D] views with a unit last stride, D a multiple of 8 and at most d_pad (64 or
 // 128); 16-byte loads where the base and strides allow, 2-byte loads otherwise.
 struct QuantQkvArgs {

@@ -1,19 +1,21 @@
 // Q, K and V of one sm_90a attention call quantized in one kernel launch, two for long sequences
 // (quant.h, QuantQkvArgs).
-// The workspace holds the statistics' chunk partials, float32 [2][B, Hkv, chunks, d_pad] (every slot
-// written once in the launch), then int counters: the ticket at int 0 and one done counter per
-// (b, hkv) from int kDoneSlot on, which a memset on the stream clears before the kernel. Each CTA of
-// quant_qkv_kernel does one work item:
+// The workspace holds the statistics' K chunk partials, float32 [B, Hkv, chunks, d_pad] (every slot
+// written once in the launch), then V's channel maxima, float32 [B, Hkv, d_pad], and int counters: the
+// ticket at int 0 and one done counter per (b, hkv) from int kDoneSlot on; a memset on the stream
+// clears the maxima and the counters before the kernel. Each CTA of quant_qkv_kernel does one work
+// item:
 //
-// - stats item (chunk, b, hkv): reads `chunk` tokens of K and V and writes, per channel, the float32
-//   sum of K (smooth-K only) and max |V| over its chunk into the partials, then counts itself on its
-//   (b, hkv)'s done counter;
+// - stats item (chunk, b, hkv): reads `chunk` tokens of K and V, writes per channel the float32 sum
+//   of K (smooth-K only) over its chunk into the partials and raises the (b, hkv)'s max |V| to its
+//   chunk's (atomicMax on the bits: a max needs no order to give the same bits), then counts itself on
+//   its (b, hkv)'s done counter;
 // - V tile: FP8 Vᵀ with its keys permuted, 16384 / d_pad tokens, transposed through shared memory
-//   into 16-byte row stores; K block: 128 keys; Q tile: 128 tokens. An item that reads the partials
+//   into 16-byte row stores; K block: 128 keys; Q tile: 128 tokens. An item that reads the statistics
 //   (V tiles; K blocks with smooth-K; Q tiles with the smooth-K correction) first waits until its
-//   (b, hkv)'s done counter holds all its chunks, then reduces them in one fixed order (K: k_mean =
-//   sum / Nk; V: v_amax), so all CTAs of a (b, hkv) hold the same bits; the first K block of a
-//   (b, hkv) writes k_mean, its first V tile v_scale. The other Q tiles wait for nothing.
+//   (b, hkv)'s done counter holds all its chunks; K's partials are then summed in one fixed order
+//   (k_mean = sum / Nk), so all CTAs of a (b, hkv) hold the same bits; the first K block of a (b, hkv)
+//   writes k_mean, its first V tile v_scale. The other Q tiles wait for nothing.
 //
 // A CTA takes its item from a ticket, an atomic counter, not from blockIdx: ticket t goes to the
 // t-th CTA to start, so the stats items a CTA waits for, which hold lower tickets, belong to CTAs
@@ -26,8 +28,10 @@
 // kOverlapStatsBytes (long chunks: many heads, long sequences), all heads form one group, and the
 // stats items and the quantizing items go in two launches of the kernel, each CTA taking its item
 // from blockIdx.x (nothing to wait for: the first launch has counted everything when the second
-// starts). Once it holds its item, a CTA lets a kernel launched behind it with programmatic stream
-// serialization start (griddepcontrol, sm_90).
+// starts). Thread 0 decodes the CTA's item (item_of) and hands it to the others through shared memory
+// (decoded by every thread, it was 8% of the kernel's instructions, bench/NOTES.md). Once it holds its
+// item, a CTA lets a kernel launched behind it with programmatic stream serialization start
+// (griddepcontrol, sm_90).
 //
 // A thread holds 8 consecutive channels of a token, one 16-byte load (eight 2-byte loads where the
 // view's base or strides are not 16-byte aligned): d_pad / 8 threads per token. INT8 rows go out as
@@ -132,9 +136,13 @@ struct QkvGrid {
   bool ticketed;    // items by ticket (one launch of every item) or by blockIdx.x (one of two launches)
 };
 
-// Where the int counters start in the workspace, in floats: after the two partial arrays.
+// Where V's channel maxima start in the workspace, in floats: after K's chunk partials; the int
+// counters follow them. The memset clears both.
+__host__ __device__ __forceinline__ int64_t v_max_offset(int64_t kv_heads, int chunks, int d_pad) {
+  return kv_heads * chunks * d_pad;
+}
 __host__ __device__ __forceinline__ int64_t counters_offset(int64_t kv_heads, int chunks, int d_pad) {
-  return int64_t{2} * kv_heads * chunks * d_pad;
+  return v_max_offset(kv_heads, chunks, d_pad) + kv_heads * d_pad;
 }
 
 // The grid's int counters in the workspace: the ticket at [0], (b, hkv)'s done counter at [kDoneSlot + bh];
@@ -150,10 +158,17 @@ int64_t spare_ints(int64_t kv_heads) { return (kDoneSlot + kv_heads + 31) / 32 *
 // The ints the memset clears: the ticket, the done counters and the spare ints.
 int64_t counter_ints(int64_t kv_heads) { return spare_ints(kv_heads) + kQkvSpareInts; }
 
-// (b, hkv) = bh's stats chunk partials in the workspace, [chunks, D_PAD]: its K sums, or its V maxima.
+// (b, hkv) = bh's K chunk partials in the workspace, [chunks, D_PAD]: its stats items' K sums.
 template <int D_PAD>
-__device__ __forceinline__ float* chunk_partials(const QuantQkvArgs& a, const QkvGrid& g, bool k_sums, int bh) {
-  return a.workspace + ((k_sums ? 0 : int64_t{g.kv_heads}) + bh) * g.chunks * D_PAD;
+__device__ __forceinline__ float* chunk_partials(const QuantQkvArgs& a, const QkvGrid& g, int bh) {
+  return a.workspace + int64_t{bh} * g.chunks * D_PAD;
+}
+
+// (b, hkv) = bh's max |V| per channel in the workspace, [D_PAD], as float bits: zero at the launch,
+// raised by its stats items.
+template <int D_PAD>
+__device__ __forceinline__ unsigned* v_max(const QuantQkvArgs& a, const QkvGrid& g, int bh) {
+  return reinterpret_cast<unsigned*>(a.workspace + v_max_offset(g.kv_heads, g.chunks, D_PAD)) + int64_t{bh} * D_PAD;
 }
 
 __device__ __forceinline__ int load_acquire(const int* p) {
@@ -245,39 +260,41 @@ __device__ __forceinline__ void qkv_stats(const QuantQkvArgs& a, const QkvGrid& 
       float s = 0.f;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) s += rows[0][r][d];
-      chunk_partials<D_PAD>(a, g, true, bh)[out + d] = s;
+      chunk_partials<D_PAD>(a, g, bh)[out + d] = s;
     }
   } else if (threadIdx.x < 2 * D_PAD) {
     float m = 0.f;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) m = amax2(m, rows[1][r][d]);
-    chunk_partials<D_PAD>(a, g, false, bh)[out + d] = m;
+    // amax2 orders magnitudes (NaN above Inf) as their bits: the bits' max is amax2 over the chunks.
+    atomicMax(v_max<D_PAD>(a, g, bh) + d, __float_as_uint(m));
   }
 }
 
-// (b, hkv) = bh's statistic from its stats items' chunk partials (chunk_partials: its K sums with
-// kMean, else its V maxima), chunk 0 first, into stat[D_PAD]: the K mean (the sum over chunks divided
-// by Nk, IEEE) or max |V|. In a launch of every item (ticketed) it first waits on the
-// (b, hkv)'s done counter; in the second of two launches the first has counted everything. Stages the
+// Waits for (b, hkv) = bh's statistics: in a launch of every item (ticketed) on its done counter; in
+// the second of two launches the first has counted everything.
+template <int D_PAD>
+__device__ __forceinline__ void wait_stats(const QuantQkvArgs& a, const QkvGrid& g, int bh) {
+  if (g.ticketed) wait_done(qkv_counters<D_PAD>(a, g) + kDoneSlot + bh, g.chunks);
+}
+
+// (b, hkv) = bh's K mean from its stats items' chunk partials (chunk_partials), chunk 0 first, into
+// stat[D_PAD]: the sum over chunks divided by Nk (IEEE), once they are all in (wait_stats). Stages the
 // partials through `stage` (chunks * D_PAD floats), read from L2 (other CTAs wrote them); ends with
 // __syncthreads.
-template <int D_PAD, bool kMean>
-__device__ __forceinline__ void reduce_chunks(const QuantQkvArgs& a, const QkvGrid& g, int bh, float* stage,
-                                              float* stat) {
+template <int D_PAD>
+__device__ __forceinline__ void k_mean_of(const QuantQkvArgs& a, const QkvGrid& g, int bh, float* stage, float* stat) {
   const int chunks = g.chunks;
-  if (g.ticketed) wait_done(qkv_counters<D_PAD>(a, g) + kDoneSlot + bh, chunks);
-  const float4* src = reinterpret_cast<const float4*>(chunk_partials<D_PAD>(a, g, kMean, bh));
+  wait_stats<D_PAD>(a, g, bh);
+  const float4* src = reinterpret_cast<const float4*>(chunk_partials<D_PAD>(a, g, bh));
   float4* dst = reinterpret_cast<float4*>(stage);
 #pragma unroll 1
   for (int i = threadIdx.x; i < chunks * (D_PAD / 4); i += kThreads) dst[i] = __ldcg(src + i);
   __syncthreads();
   if (threadIdx.x < D_PAD) {
     float acc = 0.f;
-    for (int c = 0; c < chunks; ++c) {
-      const float x = stage[c * D_PAD + threadIdx.x];
-      acc = kMean ? acc + x : amax2(acc, x);
-    }
-    stat[threadIdx.x] = kMean ? __fdiv_rn(acc, static_cast<float>(a.nk)) : acc;
+    for (int c = 0; c < chunks; ++c) acc += stage[c * D_PAD + threadIdx.x];
+    stat[threadIdx.x] = __fdiv_rn(acc, static_cast<float>(a.nk));
   }
   __syncthreads();
 }
@@ -312,14 +329,15 @@ __device__ __forceinline__ void quant_v_tile(const QuantQkvArgs& a, const QkvGri
                                                    : make_uint4(0, 0, 0, 0);
     }
   }
-  reduce_chunks<D_PAD, false>(a, g, bh, reinterpret_cast<float*>(smem), stat);
-  // stat[d] becomes channel d's 448 / amax, computed once for the CTA (each thread rewrites its own
-  // channel after reading it).
+  wait_stats<D_PAD>(a, g, bh);
+  // stat[d]: channel d's 448 / amax, computed once for the CTA from the (b, hkv)'s maxima (read from L2:
+  // other CTAs raised them).
   if (threadIdx.x < D_PAD) {
+    const float amax = __uint_as_float(__ldcg(v_max<D_PAD>(a, g, bh) + threadIdx.x));
     if (tile == 0 && threadIdx.x < a.head_dim) {
-      a.v_scale[static_cast<int64_t>(bh) * a.head_dim + threadIdx.x] = __fmul_rn(stat[threadIdx.x], kInvFp8Max);
+      a.v_scale[static_cast<int64_t>(bh) * a.head_dim + threadIdx.x] = __fmul_rn(amax, kInvFp8Max);
     }
-    stat[threadIdx.x] = inv_scale(kFp8E4M3Max, stat[threadIdx.x]);
+    stat[threadIdx.x] = inv_scale(kFp8E4M3Max, amax);
   }
   __syncthreads();
   uint32_t* words = reinterpret_cast<uint32_t*>(smem);
@@ -370,7 +388,7 @@ __device__ __forceinline__ void quant_k_block(const QuantQkvArgs& a, const QkvGr
   uint4 raw[kPasses];
   load_tile<kAligned, kRows>(base, a.k_strides.n, first + row, a.nk, active, raw);
   if (a.smooth_k) {
-    reduce_chunks<D_PAD, true>(a, g, bh, reinterpret_cast<float*>(smem), stat);
+    k_mean_of<D_PAD>(a, g, bh, reinterpret_cast<float*>(smem), stat);
     if (blk == 0 && threadIdx.x < a.head_dim) {
       a.k_mean[static_cast<int64_t>(bh) * a.head_dim + threadIdx.x] = stat[threadIdx.x];
     }
@@ -435,7 +453,7 @@ __device__ __forceinline__ void quant_q_tile(const QuantQkvArgs& a, const QkvGri
   const bool with_corr = a.corr != nullptr;
   if (with_corr) {
     const int bkv = bh / g.kv_group;  // b * Hkv + h / kv_group
-    reduce_chunks<D_PAD, true>(a, g, bkv, reinterpret_cast<float*>(smem), stat);
+    k_mean_of<D_PAD>(a, g, bkv, reinterpret_cast<float*>(smem), stat);
   }
   // This thread's channels of k_mean, read from shared memory at each use (volatile) rather than
   // held in registers through all passes.
@@ -527,14 +545,16 @@ __global__ void __launch_bounds__(kThreads, 3) quant_qkv_kernel(const QuantQkvAr
   __shared__ __align__(16) uint8_t smem[cmax(kVTileBytes, cmax(kStage, kStatsRows))];
   __shared__ float stat[D_PAD];
   __shared__ float warp_max[kWarps];
-  __shared__ int ticket;
+  __shared__ Item item;
   int* counters = qkv_counters<D_PAD>(a, g);
-  if (threadIdx.x == 0) ticket = (g.ticketed ? atomicAdd(counters, 1) : static_cast<int>(blockIdx.x)) + g.item_base;
+  if (threadIdx.x == 0) {
+    item = item_of(g, (g.ticketed ? atomicAdd(counters, 1) : static_cast<int>(blockIdx.x)) + g.item_base);
+  }
   __syncthreads();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-  const Item it = item_of(g, ticket);
+  const Item it = item;
   switch (it.kind) {
     case ItemKind::kStats:
       qkv_stats<T, D_PAD, kAligned>(a, g, it.index, it.head, smem);
@@ -583,8 +603,10 @@ cudaError_t launch(const QuantQkvArgs& a, cudaStream_t stream) {
   g.group_heads = static_cast<int>(group_heads);
   g.groups = static_cast<int>((kv_heads + group_heads - 1) / group_heads);
   g.head_items = static_cast<int>(head_items);
-  int* counters = reinterpret_cast<int*>(a.workspace + counters_offset(kv_heads, g.chunks, D_PAD));
-  cudaError_t err = cudaMemsetAsync(counters, 0, counter_ints(kv_heads) * sizeof(int), stream);
+  // V's maxima and the counters, cleared together (4-byte words each).
+  float* cleared = a.workspace + v_max_offset(kv_heads, g.chunks, D_PAD);
+  const int64_t cleared_words = kv_heads * D_PAD + counter_ints(kv_heads);
+  cudaError_t err = cudaMemsetAsync(cleared, 0, cleared_words * sizeof(float), stream);
   if (err != cudaSuccess) return err;
   if (stats_item_bytes <= kOverlapStatsBytes) {
     g.ticketed = true;
