@@ -212,11 +212,11 @@ int main(int argc, char** argv) {
 #ifdef SAGE_SM90_CTA_TIMES
   constexpr int kRows = Cta<consumer_wgs(D)>::kBlockM;  // query rows per CTA
   // One entry per work item: the tiles, with the parts of the split ones (AttnSm90Split).
-  const int64_t tiles = int64_t((n + kRows - 1) / kRows) * heads * batch;
+  const int blocks_m = (n + kRows - 1) / kRows;
+  const int64_t tiles = int64_t{blocks_m} * heads * batch;
   // A head's last row block, where it holds fewer rows than a CTA: item % blocks_m is blocks_m - 1
   // (causal: 0, the heaviest first; causal items are recorded by their tile), among the whole tiles
   // (items before split.first).
-  const int blocks_m = (n + kRows - 1) / kRows;
   const auto light = [&](int64_t c) {
     return n % kRows != 0 && c < split.first && c % blocks_m == (causal ? 0 : blocks_m - 1);
   };

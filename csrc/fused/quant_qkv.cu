@@ -177,8 +177,9 @@ __device__ __forceinline__ int load_acquire(const int* p) {
   return v;
 }
 
-// Called once a (b, hkv)'s stats item has written its partials: the block's stores, ordered by the
-// barrier and the fence before thread 0's count, are visible to whoever observes the count.
+// Called once a (b, hkv)'s stats item has written its K partials and raised V's maxima: the block's
+// stores and atomics, ordered by the barrier and the fence before thread 0's count, are visible to
+// whoever observes the count.
 __device__ __forceinline__ void count_done(int* done) {
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -539,8 +540,8 @@ __device__ __forceinline__ Item item_of(const QkvGrid& g, int t) {
 
 template <typename T, int D_PAD, bool kAligned>
 __global__ void __launch_bounds__(kThreads, 3) quant_qkv_kernel(const QuantQkvArgs a, const QkvGrid g) {
-  // The stats rows ([2][kRows][D_PAD] floats, 16 KiB), or the staged chunk partials (at most
-  // kMaxChunks x D_PAD floats) and then, in V CTAs, the Vᵀ tile.
+  // The stats rows ([2][kRows][D_PAD] floats, 16 KiB), the staged K chunk partials (at most
+  // kMaxChunks x D_PAD floats; K blocks, Q tiles with the correction), or a V CTA's Vᵀ tile.
   constexpr int kStage = kMaxChunks * D_PAD * 4, kStatsRows = 2 * kThreads * kVec * 4;
   __shared__ __align__(16) uint8_t smem[cmax(kVTileBytes, cmax(kStage, kStatsRows))];
   __shared__ float stat[D_PAD];
@@ -605,7 +606,8 @@ cudaError_t launch(const QuantQkvArgs& a, cudaStream_t stream) {
   g.head_items = static_cast<int>(head_items);
   // V's maxima and the counters, cleared together (4-byte words each).
   float* cleared = a.workspace + v_max_offset(kv_heads, g.chunks, D_PAD);
-  const int64_t cleared_words = kv_heads * D_PAD + counter_ints(kv_heads);
+  const int64_t cleared_words =
+      counters_offset(kv_heads, g.chunks, D_PAD) - v_max_offset(kv_heads, g.chunks, D_PAD) + counter_ints(kv_heads);
   cudaError_t err = cudaMemsetAsync(cleared, 0, cleared_words * sizeof(float), stream);
   if (err != cudaSuccess) return err;
   if (stats_item_bytes <= kOverlapStatsBytes) {
