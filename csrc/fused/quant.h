@@ -52,9 +52,9 @@ cudaError_t launch_quant_v_fp8_transposed(const void* v, HalfType type, Strides3
 constexpr int kQkvKeyBlock = kSm90KeyBlock;
 constexpr int kQkvKeyGroup = kSm90KeyPermuteGroup;
 
-// Q, K and V of one sm_90a attention call in one kernel launch (two for long sequences), after a memset
-// of the counters it keeps in the workspace (csrc/fused/quant_qkv.cu), each output bit for bit what the
-// launchers above give:
+// Q, K and V of one sm_90a attention call in one kernel launch (two for long sequences), after a small
+// kernel that zeroes the counters it keeps in the workspace and overlaps its start
+// (csrc/fused/quant_qkv.cu), each output bit for bit what the launchers above give:
 //   k_mean [B, Hkv, D] (smooth_k; else null): the mean of K over its tokens (a float32 sum in an
 //     order of its own, then divided by Nk);
 //   q_int8 [B, Hq, Nq, d_pad], q_scale [B, Hq, Nq], corr [B, Hq, Nq] (null: no correction; set only

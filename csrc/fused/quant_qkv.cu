@@ -1,10 +1,11 @@
 // Q, K and V of one sm_90a attention call quantized in one kernel launch, two for long sequences
 // (quant.h, QuantQkvArgs).
 // The workspace holds the statistics' K chunk partials, float32 [B, Hkv, chunks, d_pad] (every slot
-// written once in the launch), then V's channel maxima, float32 [B, Hkv, d_pad], and int counters: the
-// ticket at int 0 and one done counter per (b, hkv) from int kDoneSlot on; a memset on the stream
-// clears the maxima and the counters before the kernel. Each CTA of quant_qkv_kernel does one work
-// item:
+// written once in the launch), then V's channel maxima, float32 [B, Hkv, d_pad], and int counters: one
+// done counter per (b, hkv). clear_kernel zeroes the maxima and the counters; the quantization
+// launched behind it starts at once (programmatic stream serialization) and waits for it
+// (griddepcontrol.wait) only where it first touches them, after its loads are on their way. Each
+// CTA of quant_qkv_kernel does one work item, the item of its blockIdx.x:
 //
 // - stats item (chunk, b, hkv): reads `chunk` tokens of K and V, writes per channel the float32 sum
 //   of K (smooth-K only) over its chunk into the partials and raises the (b, hkv)'s max |V| to its
@@ -17,18 +18,19 @@
 //   (k_mean = sum / Nk), so all CTAs of a (b, hkv) hold the same bits; the first K block of a (b, hkv)
 //   writes k_mean, its first V tile v_scale. The other Q tiles wait for nothing.
 //
-// A CTA takes its item from a ticket, an atomic counter, not from blockIdx: ticket t goes to the
-// t-th CTA to start, so the stats items a CTA waits for, which hold lower tickets, belong to CTAs
-// that are already running and wait for nothing themselves; no deadlock, however many CTAs fit on
-// the GPU at once. Tickets walk the (b, hkv) heads in groups whose K and V take at most kGroupBytes
+// The stats items a CTA waits for hold lower indices than its own. The GPU starts a grid's CTAs in
+// increasing blockIdx.x (CUB's single-pass scan waits on its predecessors on the same ground), so
+// those belong to CTAs that have started and wait for nothing themselves: no deadlock, however
+// many CTAs fit on the GPU at once. (An atomic ticket per CTA made the same order explicit, but its
+// round trip, before any load could start, held 14% of the warps' time at b=4 h=32 n=4096;
+// bench/NOTES.md.) Items walk the (b, hkv) heads in groups whose K and V take at most kGroupBytes
 // (one head at least): the stats items of group s, then the quantizing items of group s - kLookahead
 // (head by head: its V tiles, its K blocks, the Q tiles of its query heads). A group's stats items
 // thus run while the group before it is quantized, and its quantizing items re-read K and V while
 // they are still in L2 (step_start, item_of). Where a stats item reads more than
 // kOverlapStatsBytes (long chunks: many heads, long sequences), all heads form one group, and the
-// stats items and the quantizing items go in two launches of the kernel, each CTA taking its item
-// from blockIdx.x (nothing to wait for: the first launch has counted everything when the second
-// starts). Thread 0 decodes the CTA's item (item_of) and hands it to the others through shared memory
+// stats items and the quantizing items go in two launches of the kernel (nothing to wait for: the
+// first launch has counted everything when the second starts). Thread 0 decodes the CTA's item (item_of) and hands it to the others through shared memory
 // (decoded by every thread, it was 8% of the kernel's instructions, bench/NOTES.md). Once it holds its
 // item, a CTA lets a kernel launched behind it with programmatic stream serialization start
 // (griddepcontrol, sm_90).
@@ -38,6 +40,8 @@
 // 8-byte stores, Vᵀ rows as 16-byte stores. The arithmetic is quant.cu's, through the helpers of
 // quant_common.cuh; where a result depends on the order of operations (corr's dot product), that
 // order is reproduced as well, so every output is bit for bit what quant.cu's kernels give.
+
+#include <algorithm>
 
 #include "quant.h"
 #include "quant_common.cuh"
@@ -58,11 +62,11 @@ constexpr int kStatsUnroll = 4;     // tokens of K and of V in flight per thread
 constexpr float kInvFp8Max = static_cast<float>(1.0 / kFp8E4M3Max);  // Python's 1.0 / 448, as float32
 constexpr int64_t kMaxTokens = (int64_t{1} << 31) - 1024;            // token indices stay within int
 
-// Ticket order and counters (see the top of the file).
-constexpr int64_t kGroupBytes = int64_t{8} << 20;  // K and V bytes of a ticket group's heads, at most
+// Item order and counters (see the top of the file).
+constexpr int64_t kGroupBytes = int64_t{8} << 20;  // K and V bytes of an item group's heads, at most
 constexpr int kLookahead = 1;                      // groups whose stats items precede a group's quantization
 constexpr int64_t kOverlapStatsBytes = 256 << 10;  // bytes a stats item reads, at most, for several groups
-constexpr int kDoneSlot = 32;                      // first done counter among the workspace's ints (own line)
+constexpr int kClearCtas = 16;                     // CTAs of clear_kernel, at most
 
 constexpr int cmax(int x, int y) { return x > y ? x : y; }
 
@@ -103,7 +107,7 @@ __device__ __forceinline__ void opaque(uint4& raw) {
 
 // Tokens per stats chunk: chunks enough for about kStatsCtas stats items, at most kSpreadChunks of them;
 // shorter ones where a stats item would read more than kStatsItemBytes of K and V (2-byte elements)
-// and at most kMaxChunks of them cover Nk. Short stats items let one launch take every item in ticket
+// and at most kMaxChunks of them cover Nk. Short stats items let one launch take every item in
 // groups, whose quantizing items re-read K and V from L2 (at b=4 h=32 n=4096, 310 -> 261 us against
 // 1024-token chunks in two launches; n=16384, 1170 -> 1139; H100, bench/NOTES.md). The chunks set the
 // order of k_mean's float32 sums, hence its bits.
@@ -129,15 +133,15 @@ struct QkvGrid {
   int q_tiles;      // Q tiles per (b, hq)
   int kv_group;     // query heads per KV head
   int kv_heads;     // B * Hkv
-  int group_heads;  // (b, hkv) heads per ticket group (the last group may hold fewer)
-  int groups;       // ticket groups: ceil(kv_heads / group_heads)
+  int group_heads;  // (b, hkv) heads per item group (the last group may hold fewer)
+  int groups;       // item groups: ceil(kv_heads / group_heads)
   int head_items;   // quantizing items per (b, hkv): v_tiles + k_blocks + kv_group * q_tiles
   int item_base;    // item of the launch's first CTA (see launch)
-  bool ticketed;    // items by ticket (one launch of every item) or by blockIdx.x (one of two launches)
+  bool waits;       // one launch of every item, whose items wait for their statistics (else one of two)
 };
 
 // Where V's channel maxima start in the workspace, in floats: after K's chunk partials; the int
-// counters follow them. The memset clears both.
+// counters follow them. clear_kernel zeroes both.
 __host__ __device__ __forceinline__ int64_t v_max_offset(int64_t kv_heads, int chunks, int d_pad) {
   return kv_heads * chunks * d_pad;
 }
@@ -145,7 +149,7 @@ __host__ __device__ __forceinline__ int64_t counters_offset(int64_t kv_heads, in
   return v_max_offset(kv_heads, chunks, d_pad) + kv_heads * d_pad;
 }
 
-// The grid's int counters in the workspace: the ticket at [0], (b, hkv)'s done counter at [kDoneSlot + bh];
+// The grid's int counters in the workspace: (b, hkv)'s done counter at [bh];
 // then, from spare_ints(kv_heads) on, kQkvSpareInts ints zeroed with them and left to the attention
 // kernel that follows (quant.h).
 template <int D_PAD>
@@ -154,8 +158,8 @@ __device__ __forceinline__ int* qkv_counters(const QuantQkvArgs& a, const QkvGri
 }
 
 // Where the spare ints start among the counters: the 128-byte line after the done counters'.
-int64_t spare_ints(int64_t kv_heads) { return (kDoneSlot + kv_heads + 31) / 32 * 32; }
-// The ints the memset clears: the ticket, the done counters and the spare ints.
+int64_t spare_ints(int64_t kv_heads) { return (kv_heads + 31) / 32 * 32; }
+// The ints clear_kernel zeroes: the done counters and the spare ints.
 int64_t counter_ints(int64_t kv_heads) { return spare_ints(kv_heads) + kQkvSpareInts; }
 
 // (b, hkv) = bh's K chunk partials in the workspace, [chunks, D_PAD]: its stats items' K sums.
@@ -169,6 +173,25 @@ __device__ __forceinline__ float* chunk_partials(const QuantQkvArgs& a, const Qk
 template <int D_PAD>
 __device__ __forceinline__ unsigned* v_max(const QuantQkvArgs& a, const QkvGrid& g, int bh) {
   return reinterpret_cast<unsigned*>(a.workspace + v_max_offset(g.kv_heads, g.chunks, D_PAD)) + int64_t{bh} * D_PAD;
+}
+
+// Waits until the kernel before this one in the stream (clear_kernel, for the launch that waits for
+// it) has completed and its writes are visible; returns at once where there is no such dependency.
+__device__ __forceinline__ void wait_cleared() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Zeroes `words` 4-byte words from `p` (16-byte aligned): V's channel maxima and the counters. Lets
+// the quantization behind it start first (griddepcontrol.launch_dependents).
+__global__ void __launch_bounds__(kThreads) clear_kernel(uint32_t* p, int64_t words) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  const int64_t stride = int64_t{gridDim.x} * kThreads, first = int64_t{blockIdx.x} * kThreads + threadIdx.x;
+  for (int64_t i = first; i < words / 4; i += stride) reinterpret_cast<uint4*>(p)[i] = make_uint4(0, 0, 0, 0);
+  for (int64_t i = words / 4 * 4 + first; i < words; i += stride) p[i] = 0;
 }
 
 __device__ __forceinline__ int load_acquire(const int* p) {
@@ -253,6 +276,7 @@ __device__ __forceinline__ void qkv_stats(const QuantQkvArgs& a, const QkvGrid& 
   ksum_row[1] = make_float4(sum[4], sum[5], sum[6], sum[7]);
   vmax_row[0] = make_float4(amax[0], amax[1], amax[2], amax[3]);
   vmax_row[1] = make_float4(amax[4], amax[5], amax[6], amax[7]);
+  wait_cleared();  // V's maxima and the done counter, zeroed by clear_kernel
   __syncthreads();
   const int out = chunk_idx * D_PAD;  // this chunk's row of the (b, hkv)'s partials
   const int d = threadIdx.x % D_PAD;
@@ -272,11 +296,12 @@ __device__ __forceinline__ void qkv_stats(const QuantQkvArgs& a, const QkvGrid& 
   }
 }
 
-// Waits for (b, hkv) = bh's statistics: in a launch of every item (ticketed) on its done counter; in
+// Waits for (b, hkv) = bh's statistics: in a launch of every item (g.waits) on its done counter; in
 // the second of two launches the first has counted everything.
 template <int D_PAD>
 __device__ __forceinline__ void wait_stats(const QuantQkvArgs& a, const QkvGrid& g, int bh) {
-  if (g.ticketed) wait_done(qkv_counters<D_PAD>(a, g) + kDoneSlot + bh, g.chunks);
+  wait_cleared();  // the counters and V's maxima, zeroed by clear_kernel
+  if (g.waits) wait_done(qkv_counters<D_PAD>(a, g) + bh, g.chunks);
 }
 
 // (b, hkv) = bh's K mean from its stats items' chunk partials (chunk_partials), chunk 0 first, into
@@ -502,17 +527,17 @@ struct Item {
   int head;   // bh: b * Hkv + hkv, or b * Hq + hq for a Q tile
 };
 
-// Tickets run in steps s = 0, 1, ..., groups + kLookahead - 1: step s holds the stats items of group s
+// Items run in steps s = 0, 1, ..., groups + kLookahead - 1: step s holds the stats items of group s
 // (s < groups), head by head, then the quantizing items of group s - kLookahead (when that is a group),
 // head by head: its V tiles, K blocks and the Q tiles of its kv_group query heads. step_start(s) is
-// the first ticket of step s; step_start(groups + kLookahead) the number of items.
+// the first item of step s; step_start(groups + kLookahead) the number of items.
 __device__ __forceinline__ int step_start(const QkvGrid& g, int s) {
   auto heads_before = [&](int groups) { return min(groups * g.group_heads, g.kv_heads); };
   return heads_before(min(s, g.groups)) * g.chunks +
          heads_before(max(0, min(s - kLookahead, g.groups))) * g.head_items;
 }
 
-// The item of ticket t. Every step holds items, so the step of t is the last s with step_start(s) <= t.
+// Item t. Every step holds items, so the step of t is the last s with step_start(s) <= t.
 __device__ __forceinline__ Item item_of(const QkvGrid& g, int t) {
   int lo = 0, hi = g.groups + kLookahead;  // step_start(lo) <= t < step_start(hi)
   while (hi - lo > 1) {
@@ -549,7 +574,7 @@ __global__ void __launch_bounds__(kThreads, 3) quant_qkv_kernel(const QuantQkvAr
   __shared__ Item item;
   int* counters = qkv_counters<D_PAD>(a, g);
   if (threadIdx.x == 0) {
-    item = item_of(g, (g.ticketed ? atomicAdd(counters, 1) : static_cast<int>(blockIdx.x)) + g.item_base);
+    item = item_of(g, static_cast<int>(blockIdx.x) + g.item_base);
   }
   __syncthreads();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -559,7 +584,7 @@ __global__ void __launch_bounds__(kThreads, 3) quant_qkv_kernel(const QuantQkvAr
   switch (it.kind) {
     case ItemKind::kStats:
       qkv_stats<T, D_PAD, kAligned>(a, g, it.index, it.head, smem);
-      count_done(counters + kDoneSlot + it.head);
+      count_done(counters + it.head);
       break;
     case ItemKind::kV:
       quant_v_tile<T, D_PAD, kAligned>(a, g, it.index, it.head, smem, stat);
@@ -571,6 +596,25 @@ __global__ void __launch_bounds__(kThreads, 3) quant_qkv_kernel(const QuantQkvAr
       quant_q_tile<T, D_PAD, kAligned>(a, g, it.index, it.head, smem, stat);
       break;
   }
+  // Every CTA, also one that touched nothing clear_kernel zeroes: the attention kernel behind this
+  // launch waits for its completion, and reads a spare int (its tile counter) that clear_kernel zeroes.
+  wait_cleared();
+}
+
+// Launches quant_qkv_kernel for `ctas` items from g.item_base; with `after_clear`, as the dependent
+// of clear_kernel just before it in the stream (programmatic stream serialization).
+template <typename T, int D_PAD, bool kAligned>
+cudaError_t launch_items(const QuantQkvArgs& a, const QkvGrid& g, int64_t ctas, bool after_clear, cudaStream_t stream) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(ctas));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = after_clear ? 1 : 0;
+  return cudaLaunchKernelEx(&config, quant_qkv_kernel<T, D_PAD, kAligned>, a, g);
 }
 
 // A view whose 8-element runs can be read as 16-byte words: a 16-byte aligned base, and strides that
@@ -604,27 +648,28 @@ cudaError_t launch(const QuantQkvArgs& a, cudaStream_t stream) {
   g.group_heads = static_cast<int>(group_heads);
   g.groups = static_cast<int>((kv_heads + group_heads - 1) / group_heads);
   g.head_items = static_cast<int>(head_items);
-  // V's maxima and the counters, cleared together (4-byte words each).
+  // V's maxima and the counters, cleared together (4-byte words each; the maxima start 16-byte
+  // aligned: a multiple of 64 floats into the workspace).
   float* cleared = a.workspace + v_max_offset(kv_heads, g.chunks, D_PAD);
   const int64_t cleared_words =
       counters_offset(kv_heads, g.chunks, D_PAD) - v_max_offset(kv_heads, g.chunks, D_PAD) + counter_ints(kv_heads);
-  cudaError_t err = cudaMemsetAsync(cleared, 0, cleared_words * sizeof(float), stream);
+  const int64_t clear_ctas = std::min<int64_t>(kClearCtas, (cleared_words / 4 + kThreads - 1) / kThreads + 1);
+  clear_kernel<<<static_cast<unsigned>(clear_ctas), kThreads, 0, stream>>>(reinterpret_cast<uint32_t*>(cleared),
+                                                                          cleared_words);
+  cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   if (stats_item_bytes <= kOverlapStatsBytes) {
-    g.ticketed = true;
-    quant_qkv_kernel<T, D_PAD, kAligned><<<static_cast<unsigned>(items), kThreads, 0, stream>>>(a, g);
-    return cudaGetLastError();
+    g.waits = true;
+    return launch_items<T, D_PAD, kAligned>(a, g, items, true, stream);
   }
   // Long stats items: their one group in one launch left the quantizing CTAs waiting (10-13% slower
   // than two launches at b=1, n >= 16384), so the stats items go first in a launch of their own and
   // the quantizing items, which then find every count complete, in a second one.
   const int64_t stats_items = kv_heads * g.chunks;
-  quant_qkv_kernel<T, D_PAD, kAligned><<<static_cast<unsigned>(stats_items), kThreads, 0, stream>>>(a, g);
-  err = cudaGetLastError();
+  err = launch_items<T, D_PAD, kAligned>(a, g, stats_items, true, stream);
   if (err != cudaSuccess) return err;
   g.item_base = static_cast<int>(stats_items);
-  quant_qkv_kernel<T, D_PAD, kAligned><<<static_cast<unsigned>(items - stats_items), kThreads, 0, stream>>>(a, g);
-  return cudaGetLastError();
+  return launch_items<T, D_PAD, kAligned>(a, g, items - stats_items, false, stream);
 }
 
 template <typename T, int D_PAD>
