@@ -183,12 +183,18 @@ __device__ __forceinline__ void wait_cleared() {
 #endif
 }
 
-// Zeroes `words` 4-byte words from `p` (16-byte aligned): V's channel maxima and the counters. Lets
-// the quantization behind it start first (griddepcontrol.launch_dependents).
-__global__ void __launch_bounds__(kThreads) clear_kernel(uint32_t* p, int64_t words) {
+// Lets the kernel launched behind this one with programmatic stream serialization start once every
+// CTA of this launch has called it (or ended).
+__device__ __forceinline__ void allow_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// Zeroes `words` 4-byte words from `p` (16-byte aligned): V's channel maxima and the counters. Lets
+// the quantization behind it start first.
+__global__ void __launch_bounds__(kThreads) clear_kernel(uint32_t* p, int64_t words) {
+  allow_dependents();
   const int64_t stride = int64_t{gridDim.x} * kThreads, first = int64_t{blockIdx.x} * kThreads + threadIdx.x;
   for (int64_t i = first; i < words / 4; i += stride) reinterpret_cast<uint4*>(p)[i] = make_uint4(0, 0, 0, 0);
   for (int64_t i = words / 4 * 4 + first; i < words; i += stride) p[i] = 0;
@@ -577,9 +583,7 @@ __global__ void __launch_bounds__(kThreads, 3) quant_qkv_kernel(const QuantQkvAr
     item = item_of(g, static_cast<int>(blockIdx.x) + g.item_base);
   }
   __syncthreads();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+  allow_dependents();  // the attention kernel behind it may take SMs as this launch's last CTAs start
   const Item it = item;
   switch (it.kind) {
     case ItemKind::kStats:
