@@ -273,9 +273,9 @@ at::Tensor quant_v_fp8(const at::Tensor& v, const at::Tensor& v_amax, int64_t d_
 }
 
 // Q, K and V of one sm_90a attention call (sageattention.cuda_sm90) in one kernel launch (two for long
-// sequences) after the clearing of its counters (csrc/fused/quant_qkv.cu): what quant_q_per_token, quant_k_per_block(block
-// = 128), quant_v_fp8(..., permute_keys=True) and the K mean / V amax around them give, bit for bit
-// given the returned k_mean.
+// sequences) after the clearing of its counters (csrc/fused/quant_qkv.cu): what quant_q_per_token,
+// quant_k_per_block(block = 128), quant_v_fp8(..., permute_keys=True) and the K mean / V amax around
+// them give, bit for bit given the returned k_mean.
 // q [B, Hq, Nq, D], k and v [B, Hkv, Nk, D]: views with a unit last stride, one dtype (float16 or
 // bfloat16), Hq a multiple of Hkv, D a multiple of 8 and at most d_pad (64 or 128). Returns q_int8
 // [B, Hq, Nq, d_pad], q_scale [B, Hq, Nq], corr [B, Hq, Nq] ([0, Hq, Nq] without with_corr, which

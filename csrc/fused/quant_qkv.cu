@@ -30,10 +30,10 @@
 // they are still in L2 (step_start, item_of). Where a stats item reads more than
 // kOverlapStatsBytes (long chunks: many heads, long sequences), all heads form one group, and the
 // stats items and the quantizing items go in two launches of the kernel (nothing to wait for: the
-// first launch has counted everything when the second starts). Thread 0 decodes the CTA's item (item_of) and hands it to the others through shared memory
-// (decoded by every thread, it was 8% of the kernel's instructions, bench/NOTES.md). Once it holds its
-// item, a CTA lets a kernel launched behind it with programmatic stream serialization start
-// (griddepcontrol, sm_90).
+// first launch has counted everything when the second starts). Thread 0 decodes the CTA's item
+// (item_of) and hands it to the others through shared memory (decoded by every thread, it was 8% of
+// the kernel's instructions, bench/NOTES.md). Once it holds its item, a CTA lets a kernel launched
+// behind it with programmatic stream serialization start (griddepcontrol, sm_90).
 //
 // A thread holds 8 consecutive channels of a token, one 16-byte load (eight 2-byte loads where the
 // view's base or strides are not 16-byte aligned): d_pad / 8 threads per token. INT8 rows go out as
@@ -657,7 +657,8 @@ cudaError_t launch(const QuantQkvArgs& a, cudaStream_t stream) {
   float* cleared = a.workspace + v_max_offset(kv_heads, g.chunks, D_PAD);
   const int64_t cleared_words =
       counters_offset(kv_heads, g.chunks, D_PAD) - v_max_offset(kv_heads, g.chunks, D_PAD) + counter_ints(kv_heads);
-  const int64_t clear_ctas = std::min<int64_t>(kClearCtas, (cleared_words / 4 + kThreads - 1) / kThreads + 1);
+  // One 16-byte store per thread and pass (the last few words one by one), at least one CTA.
+  const int64_t clear_ctas = std::clamp<int64_t>((cleared_words / 4 + kThreads - 1) / kThreads, 1, kClearCtas);
   clear_kernel<<<static_cast<unsigned>(clear_ctas), kThreads, 0, stream>>>(reinterpret_cast<uint32_t*>(cleared),
                                                                           cleared_words);
   cudaError_t err = cudaGetLastError();
