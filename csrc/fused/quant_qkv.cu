@@ -45,6 +45,7 @@
 
 #include "quant.h"
 #include "quant_common.cuh"
+#include "sage_pdl.cuh"
 
 namespace sage {
 namespace {
@@ -175,26 +176,10 @@ __device__ __forceinline__ unsigned* v_max(const QuantQkvArgs& a, const QkvGrid&
   return reinterpret_cast<unsigned*>(a.workspace + v_max_offset(g.kv_heads, g.chunks, D_PAD)) + int64_t{bh} * D_PAD;
 }
 
-// Waits until the kernel before this one in the stream (clear_kernel, for the launch that waits for
-// it) has completed and its writes are visible; returns at once where there is no such dependency.
-__device__ __forceinline__ void wait_cleared() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// Lets the kernel launched behind this one with programmatic stream serialization start once every
-// CTA of this launch has called it (or ended).
-__device__ __forceinline__ void allow_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 // Zeroes `words` 4-byte words from `p` (16-byte aligned): V's channel maxima and the counters. Lets
 // the quantization behind it start first.
 __global__ void __launch_bounds__(kThreads) clear_kernel(uint32_t* p, int64_t words) {
-  allow_dependents();
+  allow_dependent_grid();
   const int64_t stride = int64_t{gridDim.x} * kThreads, first = int64_t{blockIdx.x} * kThreads + threadIdx.x;
   for (int64_t i = first; i < words / 4; i += stride) reinterpret_cast<uint4*>(p)[i] = make_uint4(0, 0, 0, 0);
   for (int64_t i = words / 4 * 4 + first; i < words; i += stride) p[i] = 0;
@@ -282,7 +267,7 @@ __device__ __forceinline__ void qkv_stats(const QuantQkvArgs& a, const QkvGrid& 
   ksum_row[1] = make_float4(sum[4], sum[5], sum[6], sum[7]);
   vmax_row[0] = make_float4(amax[0], amax[1], amax[2], amax[3]);
   vmax_row[1] = make_float4(amax[4], amax[5], amax[6], amax[7]);
-  wait_cleared();  // V's maxima and the done counter, zeroed by clear_kernel
+  grid_dependency_wait();  // V's maxima and the done counter, zeroed by clear_kernel
   __syncthreads();
   const int out = chunk_idx * D_PAD;  // this chunk's row of the (b, hkv)'s partials
   const int d = threadIdx.x % D_PAD;
@@ -306,7 +291,7 @@ __device__ __forceinline__ void qkv_stats(const QuantQkvArgs& a, const QkvGrid& 
 // the second of two launches the first has counted everything.
 template <int D_PAD>
 __device__ __forceinline__ void wait_stats(const QuantQkvArgs& a, const QkvGrid& g, int bh) {
-  wait_cleared();  // the counters and V's maxima, zeroed by clear_kernel
+  grid_dependency_wait();  // the counters and V's maxima, zeroed by clear_kernel
   if (g.waits) wait_done(qkv_counters<D_PAD>(a, g) + bh, g.chunks);
 }
 
@@ -583,7 +568,7 @@ __global__ void __launch_bounds__(kThreads, 3) quant_qkv_kernel(const QuantQkvAr
     item = item_of(g, static_cast<int>(blockIdx.x) + g.item_base);
   }
   __syncthreads();
-  allow_dependents();  // the attention kernel behind it may take SMs as this launch's last CTAs start
+  allow_dependent_grid();  // the attention kernel behind it may take SMs as this launch's last CTAs start
   const Item it = item;
   switch (it.kind) {
     case ItemKind::kStats:
@@ -602,23 +587,15 @@ __global__ void __launch_bounds__(kThreads, 3) quant_qkv_kernel(const QuantQkvAr
   }
   // Every CTA, also one that touched nothing clear_kernel zeroes: the attention kernel behind this
   // launch waits for its completion, and reads a spare int (its tile counter) that clear_kernel zeroes.
-  wait_cleared();
+  grid_dependency_wait();
 }
 
 // Launches quant_qkv_kernel for `ctas` items from g.item_base; with `after_clear`, as the dependent
 // of clear_kernel just before it in the stream (programmatic stream serialization).
 template <typename T, int D_PAD, bool kAligned>
 cudaError_t launch_items(const QuantQkvArgs& a, const QkvGrid& g, int64_t ctas, bool after_clear, cudaStream_t stream) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(ctas));
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  config.attrs = attr;
-  config.numAttrs = after_clear ? 1 : 0;
-  return cudaLaunchKernelEx(&config, quant_qkv_kernel<T, D_PAD, kAligned>, a, g);
+  return launch_kernel(quant_qkv_kernel<T, D_PAD, kAligned>, dim3(static_cast<unsigned>(ctas)), dim3(kThreads), 0,
+                       stream, after_clear, a, g);
 }
 
 // A view whose 8-element runs can be read as 16-byte words: a 16-byte aligned base, and strides that

@@ -113,6 +113,7 @@
 
 #include "sage_copy.cuh"
 #include "sage_mbarrier.cuh"
+#include "sage_pdl.cuh"
 #include "sage_tma.cuh"
 #include "sage_wgmma.cuh"
 #include "sm90/attn.h"
@@ -617,7 +618,7 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
   __syncthreads();
   // Up to here nothing touched global memory: the kernel before this one in the stream may still be
   // running (programmatic launch, see launch()). From here on its results are complete and visible.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  grid_dependency_wait();
 
   if (wg == 0) {
     // ---------------------------------------------------------------------------------- producer
@@ -1042,13 +1043,6 @@ cudaError_t launch(const AttnSm90Args& in, cudaStream_t stream) {
   constexpr int kSmem = Smem<D, kWgs>::kAlloc;  // above the 48 KiB default: opt in
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
-  // Programmatic stream serialization: the CTAs may start (barriers, the ones rows) while the kernel
-  // before them in the stream (the quantization) finishes; griddepcontrol.wait in the kernel holds
-  // every global-memory access until that kernel has completed and its writes are visible.
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
   // One CTA per SM (at most one per work item), each drawing items until none are left (see the kernel).
   int device = 0, sms = 0;
   err = cudaGetDevice(&device);
@@ -1061,13 +1055,11 @@ cudaError_t launch(const AttnSm90Args& in, cudaStream_t stream) {
     args.causal_tail_heads = static_cast<int>(tail);
     args.causal_tail_first = static_cast<int>((heads - tail) * blocks_m);
   }
-  config.gridDim = dim3(static_cast<unsigned>(grid));
-  config.blockDim = dim3(C::kThreads);
-  config.dynamicSmemBytes = kSmem;
-  config.stream = stream;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, tm_q, tm_k, tm_v, tm_o, args);
+  // Programmatic stream serialization: the CTAs may start (barriers, the ones rows) while the kernel
+  // before them in the stream (the quantization) finishes; grid_dependency_wait() in the kernel holds
+  // every global-memory access until that kernel has completed and its writes are visible.
+  return launch_kernel(kernel, dim3(static_cast<unsigned>(grid)), dim3(C::kThreads), kSmem, stream, true, tm_q, tm_k,
+                       tm_v, tm_o, args);
 }
 
 template <int D, bool kCausal>
