@@ -1,6 +1,6 @@
-// Helpers of the standalone CUDA measurement programs in bench/ (trace_sm90.cu, quant_sm_share.cu):
-// an error check that exits, the shape arguments, and fills of device buffers with hashed bytes or a
-// constant.
+// Helpers of the standalone CUDA measurement programs in bench/ (trace_sm90.cu, quant_sm_share.cu, call_sm90.cu):
+// an error check that exits, the shape arguments, and fills of device buffers with hashed bytes, hashed
+// bfloat16 values or a constant.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -40,6 +40,14 @@ __device__ __forceinline__ uint32_t mix(int64_t i, uint32_t seed) {
 __global__ void fill_bytes(uint8_t* p, int64_t n, uint32_t seed, uint32_t mask, uint32_t add) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     p[i] = static_cast<uint8_t>((mix(i, seed) & mask) + add);
+  }
+}
+
+// bfloat16 in [-2, 2): sign, exponent 126..127, random mantissa.
+__global__ void fill_bf16(uint16_t* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint32_t x = mix(i, seed);
+    p[i] = static_cast<uint16_t>((x & 0x8000u) | ((126u + ((x >> 7) & 1u)) << 7) | (x & 0x7fu));
   }
 }
 

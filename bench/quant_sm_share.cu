@@ -23,17 +23,9 @@
 
 namespace {
 
+using bench::fill_bf16;
 using bench::fill_bytes;
 using bench::fill_float;
-using bench::mix;
-
-// bfloat16 in [-2, 2): sign, exponent 126..127, random mantissa.
-__global__ void fill_bf16(uint16_t* p, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const uint32_t x = mix(i, seed);
-    p[i] = static_cast<uint16_t>((x & 0x8000u) | ((126u + ((x >> 7) & 1u)) << 7) | (x & 0x7fu));
-  }
-}
 
 __global__ void spin(long long cycles) {
   const long long t = clock64();

@@ -1,0 +1,151 @@
+// The sm_90a call's kernels on the GPU alone, without torch: the fused quantization of random
+// bfloat16 Q, K and V (csrc/fused/quant_qkv.cu), the attention on its outputs (csrc/sm90), and the two
+// in sequence as the attn_sm90 op launches them (the attention a programmatic dependent of the
+// quantization). The gap between the call and the sum of its parts is what the kernels' hand-over
+// costs; building csrc/sm90 with its grid_dependency_wait() taken out (wrong results, same work)
+// bounds what an earlier start of the attention could save.
+//
+//   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr --use_fast_math -Icsrc/include -Icsrc -Ibench \
+//     bench/call_sm90.cu csrc/fused/quant_qkv.cu csrc/sm90/attn_int8_fp8.cu -o /tmp/call
+//   /tmp/call n batch heads [causal (0/1)] [passes]
+// Prints µs per call (the median of `passes` passes of 20 calls each) and the attention's TOPS.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "bench_cuda.cuh"
+#include "fused/quant.h"
+#include "sm90/attn.h"
+
+namespace {
+
+using bench::fill_bf16;
+
+template <typename T>
+T* dev(int64_t n) {
+  T* p;
+  CHECK(cudaMalloc(&p, sizeof(T) * std::max<int64_t>(n, 1)));
+  return p;
+}
+
+constexpr int kCalls = 20;  // calls per timed pass
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace sage;
+  const bench::Shape shape = bench::shape_args(argc, argv);
+  const int n = shape.n, batch = shape.batch, heads = shape.heads;
+  const bool causal = argc > 4 && std::atoi(argv[4]) != 0;
+  const int passes = argc > 5 ? std::max(1, std::atoi(argv[5])) : 5;
+  constexpr int D = 128;
+  const int n_pad = (n + 15) / 16 * 16;
+  const int64_t elems = int64_t(batch) * heads * n * D;
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+
+  uint16_t *q = dev<uint16_t>(elems), *k = dev<uint16_t>(elems), *v = dev<uint16_t>(elems);
+  fill_bf16<<<1024, 256>>>(q, elems, 1u);
+  fill_bf16<<<1024, 256>>>(k, elems, 2u);
+  fill_bf16<<<1024, 256>>>(v, elems, 3u);
+  QuantQkvArgs a{};
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.type = HalfType::kBFloat16;
+  a.q_strides = a.k_strides = a.v_strides = {int64_t(heads) * n * D, int64_t(n) * D, D};
+  a.batch = batch;
+  a.heads_q = a.heads_kv = heads;
+  a.nq = a.nk = n;
+  a.head_dim = a.d_pad = D;
+  a.n_pad = n_pad;
+  a.smooth_k = true;
+  a.sm_scale = 0.088f;
+  a.scale_mul = 0.088f * 1.4427f / 127.0f;
+  a.q_int8 = dev<int8_t>(elems);
+  a.q_scale = dev<float>(int64_t(batch) * heads * n);
+  a.k_int8 = dev<int8_t>(elems);
+  const int key_blocks = (n + kSm90KeyBlock - 1) / kSm90KeyBlock;
+  a.k_scale = dev<float>(int64_t(batch) * heads * key_blocks);
+  a.vt = dev<uint8_t>(int64_t(batch) * heads * D * n_pad);
+  a.v_scale = dev<float>(int64_t(batch) * heads * D);
+  a.k_mean = dev<float>(int64_t(batch) * heads * D);
+  a.workspace = dev<float>(quant_qkv_workspace_floats(batch, heads, n, D));
+
+  AttnSm90Args b{};
+  b.q = a.q_int8;
+  b.q_strides = {int64_t(heads) * n * D, int64_t(n) * D, D};
+  b.k = a.k_int8;
+  b.k_strides = b.q_strides;
+  b.vt = a.vt;
+  b.vt_strides = {int64_t(heads) * D * n_pad, int64_t(D) * n_pad, n_pad};
+  b.n_pad = n_pad;
+  b.q_scale = a.q_scale;
+  b.q_scale_strides = {int64_t(heads) * n, n, 1};
+  b.k_scale = a.k_scale;
+  b.k_scale_strides = {int64_t(heads) * key_blocks, key_blocks, 1};
+  b.v_scale = a.v_scale;
+  b.v_scale_strides = {int64_t(heads) * D, D, 1};
+  b.out = dev<uint16_t>(elems);
+  b.out_strides = {int64_t(heads) * n * D, int64_t(n) * D, D};
+  b.out_type = HalfType::kBFloat16;
+  b.batch = batch;
+  b.heads_q = b.heads_kv = heads;
+  b.nq = b.nk = n;
+  b.head_dim = b.d_pad = D;
+  b.causal = causal;
+  const AttnSm90Split split = attn_sm90_split_plan(batch, heads, n, n, D, causal, sms);
+  if (split.parts > 1) {
+    b.split_first = split.first;
+    b.split_parts = split.parts;
+    b.split_partials = dev<float>(split.partials_floats);
+  }
+  // The call's tile counter: a spare int of the quantization's workspace, zeroed by its launch. The
+  // attention alone draws from counters of its own, one zeroed block per call.
+  int* call_counter = reinterpret_cast<int*>(a.workspace + quant_qkv_spare_int_offset(batch, heads, n, D));
+  int* alone_counters = dev<int>(int64_t(kCalls) * kQkvSpareInts);
+
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  const auto quant = [&]() { CHECK(launch_quant_qkv_sm90(a, s)); };
+  const auto attention = [&](int* counter) {
+    b.tile_counter = counter;
+    CHECK(launch_qk_int8_sv_f8_attn_sm90(b, s));
+  };
+  // One pass of kCalls: what = 0 quantization, 1 attention, 2 both (the call). µs per call.
+  const auto pass = [&](int what) {
+    if (what == 1) CHECK(cudaMemsetAsync(alone_counters, 0, sizeof(int) * kCalls * kQkvSpareInts, s));
+    CHECK(cudaEventRecord(e0, s));
+    for (int i = 0; i < kCalls; ++i) {
+      if (what != 1) quant();
+      if (what != 0) attention(what == 1 ? alone_counters + int64_t(i) * kQkvSpareInts : call_counter);
+    }
+    CHECK(cudaEventRecord(e1, s));
+    CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    return ms * 1e3f / kCalls;
+  };
+  for (int what = 0; what < 3; ++what) pass(what);  // warm-up
+  std::vector<float> t[3];
+  for (int p = 0; p < passes; ++p) {
+    for (int what = 0; what < 3; ++what) t[what].push_back(pass(what));
+  }
+  float med[3];
+  for (int what = 0; what < 3; ++what) {
+    std::sort(t[what].begin(), t[what].end());
+    med[what] = t[what][t[what].size() / 2];
+  }
+  const double flops = 4.0 * batch * heads * double(n) * n * D * (causal ? 0.5 : 1.0);
+  std::printf("n=%d b=%d h=%d %s: quantization %.1f us, attention %.1f us (%.0f TOPS), call %.1f us (%.0f TOPS), "
+              "call - parts %.1f us\n",
+              n, batch, heads, causal ? "causal" : "non-causal", med[0], med[1], flops / med[1] * 1e-6, med[2],
+              flops / med[2] * 1e-6, med[2] - med[0] - med[1]);
+  return 0;
+}
