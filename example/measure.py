@@ -3,6 +3,10 @@
 * ``cosine``: cosine similarity of two outputs, in float64 over all elements.
 * ``time_ms``: median wall time of a call in milliseconds, synchronizing the GPU around each call, after
   warm-up calls (the first calls compile Triton kernels and pick cuDNN/cuBLAS algorithms).
+* ``per_call_ms``: milliseconds per call in a run of calls issued back to back, as the layers of a
+  model issue them: the host prepares the next call while the GPU runs this one, so its own time per
+  call counts only where it exceeds the GPU's. (A single synchronized call adds both: at short
+  sequences that can hide a faster kernel behind a slower host path.)
 * ``uniform_attention``: the negative control. A cosine near 1 means something only if a wrong
   attention would give a clearly lower one; this runs the model with every visible key weighted the
   same (scores ignored, masks and causality kept) to show how far a broken attention moves the output.
@@ -44,6 +48,23 @@ def time_ms(fn: Callable[[], object], device: torch.device, *, warmup: int = 2, 
         fn()
         _sync(device)
         times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def per_call_ms(
+    fn: Callable[[], object], device: torch.device, *, warmup: int = 2, calls: int = 20, reps: int = 5
+) -> float:
+    """Median over ``reps`` runs of ``calls`` back-to-back calls (one sync at each run's end), per call."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        _sync(device)
+        times.append((time.perf_counter() - start) * 1e3 / calls)
     return statistics.median(times)
 
 

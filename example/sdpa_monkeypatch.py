@@ -17,8 +17,9 @@ Each reason warns once (``SDPAFallbackWarning``) and is counted in ``patch.calls
 ``patched()`` does the same for a ``with`` block. Code that bound the function before the patch
 (``from torch.nn.functional import scaled_dot_product_attention``) keeps the original.
 
-Run as a script, it checks a few calls against the original and times one attention call of a
-Flux-sized image transformer (b=1, h=24, n=4608, d=128) both ways.
+Run as a script, it checks a few calls against the original and times the attention calls of a
+Flux-sized image transformer (b=1, h=24, n=4608, d=128) both ways, back to back as a model issues them
+(ms per call).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import torch.nn.functional as F
 if __package__ in (None, ""):  # run as `python example/sdpa_monkeypatch.py`: make `example` importable
     sys.path.append(str(Path(__file__).resolve().parents[1]))
 
-from example.measure import cosine, default_device, describe, format_table, time_ms  # noqa: E402
+from example.measure import cosine, default_device, describe, format_table, per_call_ms  # noqa: E402
 from sageattention import sageattn  # noqa: E402
 
 SAGE = "sageattn"
@@ -284,15 +285,16 @@ def check_calls(device: torch.device, n: int = 256) -> list[dict]:
 
 
 def time_call(device: torch.device, b=1, h=24, n=4608, d=128, reps=10) -> dict:
-    """One attention call of this shape: the original against the patch (ms, speedup, cosine)."""
+    """Attention calls of this shape, back to back: the original against the patch (ms per call,
+    speedup, cosine)."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     q, k, v = (torch.randn(b, h, n, d, generator=gen).to(device, torch.bfloat16) for _ in range(3))
     original = F.scaled_dot_product_attention
     ref = original(q, k, v)
-    sdpa_ms = time_ms(lambda: original(q, k, v), device, reps=reps)
+    sdpa_ms = per_call_ms(lambda: original(q, k, v), device, reps=reps)
     with patched(warn=False):
         out = F.scaled_dot_product_attention(q, k, v)
-        sage_ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v), device, reps=reps)
+        sage_ms = per_call_ms(lambda: F.scaled_dot_product_attention(q, k, v), device, reps=reps)
     return {
         "shape": f"b={b} h={h} n={n} d={d}",
         "sdpa ms": sdpa_ms,
@@ -305,7 +307,7 @@ def time_call(device: torch.device, b=1, h=24, n=4608, d=128, reps=10) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--n", type=int, default=None, help="sequence length of the timed call (4608 on a GPU)"
+        "--n", type=int, default=None, help="sequence length of the timed calls (4608 on a GPU)"
     )
     args = parser.parse_args(argv)
     device = default_device()

@@ -87,7 +87,7 @@ def test_sdpa_patch_on_single_calls(show):
         assert went[name]["cos vs original"] == pytest.approx(1.0, abs=1e-6), went[name]
     timed = smp.time_call(DEVICE)
     show(
-        "one attention call, bf16, SDPA against the patch",
+        "attention calls back to back, bf16, SDPA against the patch (ms per call)",
         [timed],
         ["shape", "sdpa ms", "patched ms", "speedup", "cos"],
     )
