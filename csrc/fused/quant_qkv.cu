@@ -522,14 +522,14 @@ struct Item {
 // (s < groups), head by head, then the quantizing items of group s - kLookahead (when that is a group),
 // head by head: its V tiles, K blocks and the Q tiles of its kv_group query heads. step_start(s) is
 // the first item of step s; step_start(groups + kLookahead) the number of items.
-__device__ __forceinline__ int step_start(const QkvGrid& g, int s) {
+__host__ __device__ __forceinline__ int step_start(const QkvGrid& g, int s) {
   auto heads_before = [&](int groups) { return min(groups * g.group_heads, g.kv_heads); };
   return heads_before(min(s, g.groups)) * g.chunks +
          heads_before(max(0, min(s - kLookahead, g.groups))) * g.head_items;
 }
 
 // Item t. Every step holds items, so the step of t is the last s with step_start(s) <= t.
-__device__ __forceinline__ Item item_of(const QkvGrid& g, int t) {
+__host__ __device__ __forceinline__ Item item_of(const QkvGrid& g, int t) {
   int lo = 0, hi = g.groups + kLookahead;  // step_start(lo) <= t < step_start(hi)
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
@@ -605,8 +605,10 @@ bool vec_aligned(const void* p, Strides3 s, int batch, int heads, int n) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ok(s.b, batch) && ok(s.h, heads) && ok(s.n, n);
 }
 
-template <typename T, int D_PAD, bool kAligned>
-cudaError_t launch(const QuantQkvArgs& a, cudaStream_t stream) {
+// The call's grid (see the top of the file): its items, their groups, and whether one launch takes
+// them all (g.waits). `elem_bytes`: bytes of an input element. False where the items do not fit an int.
+template <int D_PAD>
+bool plan_grid(const QuantQkvArgs& a, int64_t elem_bytes, QkvGrid* out) {
   QkvGrid g{};
   g.chunk = stats_chunk(a.batch, a.heads_kv, a.nk, D_PAD);
   g.chunks = (a.nk + g.chunk - 1) / g.chunk;
@@ -616,19 +618,32 @@ cudaError_t launch(const QuantQkvArgs& a, cudaStream_t stream) {
   g.kv_group = a.heads_q / a.heads_kv;
   const int64_t kv_heads = static_cast<int64_t>(a.batch) * a.heads_kv;
   const int64_t head_items = int64_t{g.v_tiles} + g.k_blocks + int64_t{g.kv_group} * g.q_tiles;
-  const int64_t items = kv_heads * (g.chunks + head_items);
-  if (items >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+  if (kv_heads * (g.chunks + head_items) >= (int64_t{1} << 31)) return false;
   // Groups of heads whose K and V take at most kGroupBytes, one head at least; one group of all heads
   // when a stats item reads more than kOverlapStatsBytes (then its time outlasts what the lookahead
-  // leaves it).
-  const int64_t head_bytes = int64_t{2} * a.nk * a.head_dim * static_cast<int64_t>(sizeof(T));
-  const int64_t stats_item_bytes = int64_t{2} * g.chunk * a.head_dim * static_cast<int64_t>(sizeof(T));
-  int64_t group_heads = stats_item_bytes > kOverlapStatsBytes ? kv_heads : kGroupBytes / head_bytes;
+  // leaves it), whose stats items then go in a launch of their own (see launch).
+  const int64_t head_bytes = int64_t{2} * a.nk * a.head_dim * elem_bytes;
+  const int64_t stats_item_bytes = int64_t{2} * g.chunk * a.head_dim * elem_bytes;
+  g.waits = stats_item_bytes <= kOverlapStatsBytes;
+  int64_t group_heads = g.waits ? kGroupBytes / head_bytes : kv_heads;
   group_heads = group_heads < 1 ? 1 : (group_heads > kv_heads ? kv_heads : group_heads);
   g.kv_heads = static_cast<int>(kv_heads);
   g.group_heads = static_cast<int>(group_heads);
   g.groups = static_cast<int>((kv_heads + group_heads - 1) / group_heads);
   g.head_items = static_cast<int>(head_items);
+  *out = g;
+  return true;
+}
+
+// Items of the grid, and its stats items (the first ones).
+int64_t grid_items(const QkvGrid& g) { return int64_t{g.kv_heads} * (g.chunks + g.head_items); }
+int64_t grid_stats_items(const QkvGrid& g) { return int64_t{g.kv_heads} * g.chunks; }
+
+template <typename T, int D_PAD, bool kAligned>
+cudaError_t launch(const QuantQkvArgs& a, cudaStream_t stream) {
+  QkvGrid g;
+  if (!plan_grid<D_PAD>(a, sizeof(T), &g)) return cudaErrorInvalidValue;
+  const int64_t kv_heads = g.kv_heads, items = grid_items(g);
   // V's maxima and the counters, cleared together (4-byte words each; the maxima start 16-byte
   // aligned: a multiple of 64 floats into the workspace).
   float* cleared = a.workspace + v_max_offset(kv_heads, g.chunks, D_PAD);
@@ -640,14 +655,11 @@ cudaError_t launch(const QuantQkvArgs& a, cudaStream_t stream) {
                                                                           cleared_words);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  if (stats_item_bytes <= kOverlapStatsBytes) {
-    g.waits = true;
-    return launch_items<T, D_PAD, kAligned>(a, g, items, true, stream);
-  }
+  if (g.waits) return launch_items<T, D_PAD, kAligned>(a, g, items, true, stream);
   // Long stats items: their one group in one launch left the quantizing CTAs waiting (10-13% slower
   // than two launches at b=1, n >= 16384), so the stats items go first in a launch of their own and
   // the quantizing items, which then find every count complete, in a second one.
-  const int64_t stats_items = kv_heads * g.chunks;
+  const int64_t stats_items = grid_stats_items(g);
   err = launch_items<T, D_PAD, kAligned>(a, g, stats_items, true, stream);
   if (err != cudaSuccess) return err;
   g.item_base = static_cast<int>(stats_items);

@@ -1,0 +1,115 @@
+// The fused quantization's work items on the host (csrc/fused/quant_qkv.cu: plan_grid, item_of), for
+// tests/unit/test_quant_qkv_items.py: for each call shape on the command line, every item of the grid
+// decoded as its CTA decodes it, and checked:
+//   - every stats item, V tile, K block and Q tile of the call exactly once, nothing else;
+//   - an item that waits for its (b, hkv)'s statistics (V tiles, K blocks; Q tiles with the
+//     correction) comes after all of that head's stats items: the order the kernel's freedom from
+//     deadlock rests on (the GPU starts a grid's CTAs in increasing blockIdx.x);
+//   - with two launches (g.waits false), the first holds exactly the stats items.
+// Usage: quant_qkv_items "batch heads_q heads_kv nq nk head_dim corr" ...; prints one line per shape
+// ("ok ..." or "FAIL ...") and exits 1 if any failed.
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "fused/quant_qkv.cu"
+
+namespace {
+
+using namespace sage;
+
+bool check(int batch, int heads_q, int heads_kv, int nq, int nk, int head_dim, bool corr) {
+  QuantQkvArgs a{};
+  a.batch = batch;
+  a.heads_q = heads_q;
+  a.heads_kv = heads_kv;
+  a.nq = nq;
+  a.nk = nk;
+  a.head_dim = head_dim;
+  a.d_pad = head_dim <= 64 ? 64 : 128;
+  a.n_pad = (nk + kQkvKeyGroup - 1) / kQkvKeyGroup * kQkvKeyGroup;
+  a.smooth_k = true;
+  static float dummy;
+  a.corr = corr ? &dummy : nullptr;
+  QkvGrid g;
+  const bool planned = a.d_pad == 64 ? plan_grid<64>(a, 2, &g) : plan_grid<128>(a, 2, &g);
+  std::printf("b=%d hq=%d hkv=%d nq=%d nk=%d d=%d corr=%d: ", batch, heads_q, heads_kv, nq, nk, head_dim, corr);
+  if (!planned) {
+    std::printf("FAIL: no grid\n");
+    return false;
+  }
+  const int64_t items = grid_items(g), stats_items = grid_stats_items(g);
+  const int64_t kv_heads = int64_t{batch} * heads_kv, q_heads = int64_t{batch} * heads_q;
+  // Where each item was seen (-1: not yet), per kind: [head][index].
+  std::vector<int64_t> stats_at(kv_heads * g.chunks, -1), v_at(kv_heads * g.v_tiles, -1);
+  std::vector<int64_t> k_at(kv_heads * g.k_blocks, -1), q_at(q_heads * g.q_tiles, -1);
+  std::vector<int64_t> last_stats(kv_heads, -1), first_waiting(kv_heads, items);
+  const auto fail = [&](const char* what, int64_t t) {
+    std::printf("FAIL: %s at item %lld\n", what, static_cast<long long>(t));
+    return false;
+  };
+  for (int64_t t = 0; t < items; ++t) {
+    const Item it = item_of(g, static_cast<int>(t));
+    int64_t* slot = nullptr;
+    int64_t kv_head = -1;
+    bool waits = false;
+    switch (it.kind) {
+      case ItemKind::kStats:
+        if (it.head < 0 || it.head >= kv_heads || it.index < 0 || it.index >= g.chunks) return fail("stats item", t);
+        slot = &stats_at[int64_t{it.head} * g.chunks + it.index];
+        last_stats[it.head] = t;
+        if (!g.waits && t >= stats_items) return fail("stats item in the second launch", t);
+        break;
+      case ItemKind::kV:
+        if (it.head < 0 || it.head >= kv_heads || it.index < 0 || it.index >= g.v_tiles) return fail("V tile", t);
+        slot = &v_at[int64_t{it.head} * g.v_tiles + it.index];
+        kv_head = it.head;
+        waits = true;
+        break;
+      case ItemKind::kK:
+        if (it.head < 0 || it.head >= kv_heads || it.index < 0 || it.index >= g.k_blocks) return fail("K block", t);
+        slot = &k_at[int64_t{it.head} * g.k_blocks + it.index];
+        kv_head = it.head;
+        waits = true;
+        break;
+      case ItemKind::kQ:
+        if (it.head < 0 || it.head >= q_heads || it.index < 0 || it.index >= g.q_tiles) return fail("Q tile", t);
+        slot = &q_at[int64_t{it.head} * g.q_tiles + it.index];
+        kv_head = it.head / g.kv_group;
+        waits = corr;
+        break;
+    }
+    if (*slot >= 0) return fail("item decoded twice", t);
+    *slot = t;
+    if (it.kind != ItemKind::kStats && !g.waits && t < stats_items) return fail("quantizing item in the first launch", t);
+    if (waits && t < first_waiting[kv_head]) first_waiting[kv_head] = t;
+  }
+  for (const std::vector<int64_t>* seen : {&stats_at, &v_at, &k_at, &q_at}) {
+    for (const int64_t t : *seen) {
+      if (t < 0) return fail("item never decoded", items);
+    }
+  }
+  for (int64_t h = 0; h < kv_heads; ++h) {
+    if (first_waiting[h] < items && first_waiting[h] < last_stats[h]) {
+      return fail("an item waits for a later stats item", first_waiting[h]);
+    }
+  }
+  std::printf("ok: %lld items, %d groups of %d heads, %s\n", static_cast<long long>(items), g.groups,
+              g.group_heads, g.waits ? "one launch" : "two launches");
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool ok = true;
+  for (int i = 1; i < argc; ++i) {
+    int s[7];
+    if (std::sscanf(argv[i], "%d %d %d %d %d %d %d", &s[0], &s[1], &s[2], &s[3], &s[4], &s[5], &s[6]) != 7) {
+      std::printf("bad shape argument: %s\n", argv[i]);
+      return 2;
+    }
+    ok = check(s[0], s[1], s[2], s[3], s[4], s[5], s[6] != 0) && ok;
+  }
+  return ok ? 0 : 1;
+}
