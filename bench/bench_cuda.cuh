@@ -1,6 +1,6 @@
 // Helpers of the standalone CUDA measurement programs in bench/ (trace_sm90.cu, quant_sm_share.cu, call_sm90.cu):
-// an error check that exits, the shape arguments, and fills of device buffers with hashed bytes, hashed
-// bfloat16 values or a constant.
+// an error check that exits, the shape arguments, fills of device buffers with hashed bytes, hashed
+// bfloat16 values or a constant, device allocations, and the fused quantization of random inputs.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+
+#include "fused/quant.h"
 
 #define CHECK(x)                                                                        \
   do {                                                                                  \
@@ -53,6 +55,50 @@ __global__ void fill_bf16(uint16_t* p, int64_t n, uint32_t seed) {
 
 __global__ void fill_float(float* p, int64_t n, float v) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) p[i] = v;
+}
+
+// n elements of T on the device (one at least), unset.
+template <typename T>
+T* dev(int64_t n) {
+  T* p;
+  CHECK(cudaMalloc(&p, sizeof(T) * (n > 1 ? n : 1)));
+  return p;
+}
+
+// The fused quantization of random bfloat16 Q, K and V, [batch, heads, n, d] contiguous (fill_bf16,
+// seeds 1-3), smooth-K without the LSE correction, its outputs and workspace allocated: what the
+// programs time (quant_sm_share.cu, call_sm90.cu).
+inline sage::QuantQkvArgs random_qkv(int n, int batch, int heads, int d) {
+  const int n_pad = (n + 15) / 16 * 16;
+  const int64_t elems = int64_t(batch) * heads * n * d;
+  uint16_t *q = dev<uint16_t>(elems), *k = dev<uint16_t>(elems), *v = dev<uint16_t>(elems);
+  fill_bf16<<<1024, 256>>>(q, elems, 1u);
+  fill_bf16<<<1024, 256>>>(k, elems, 2u);
+  fill_bf16<<<1024, 256>>>(v, elems, 3u);
+  sage::QuantQkvArgs a{};
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.type = sage::HalfType::kBFloat16;
+  a.q_strides = a.k_strides = a.v_strides = {int64_t(heads) * n * d, int64_t(n) * d, d};
+  a.batch = batch;
+  a.heads_q = a.heads_kv = heads;
+  a.nq = a.nk = n;
+  a.head_dim = a.d_pad = d;
+  a.n_pad = n_pad;
+  a.smooth_k = true;
+  a.sm_scale = 0.088f;
+  a.scale_mul = 0.088f * 1.4427f / 127.0f;
+  a.q_int8 = dev<int8_t>(elems);
+  a.q_scale = dev<float>(int64_t(batch) * heads * n);
+  a.corr = nullptr;
+  a.k_int8 = dev<int8_t>(elems);
+  a.k_scale = dev<float>(int64_t(batch) * heads * ((n + sage::kQkvKeyBlock - 1) / sage::kQkvKeyBlock));
+  a.vt = dev<uint8_t>(int64_t(batch) * heads * d * n_pad);
+  a.v_scale = dev<float>(int64_t(batch) * heads * d);
+  a.k_mean = dev<float>(int64_t(batch) * heads * d);
+  a.workspace = dev<float>(sage::quant_qkv_workspace_floats(batch, heads, n, d));
+  return a;
 }
 
 }  // namespace bench

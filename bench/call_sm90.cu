@@ -22,14 +22,7 @@
 
 namespace {
 
-using bench::fill_bf16;
-
-template <typename T>
-T* dev(int64_t n) {
-  T* p;
-  CHECK(cudaMalloc(&p, sizeof(T) * std::max<int64_t>(n, 1)));
-  return p;
-}
+using bench::dev;
 
 constexpr int kCalls = 20;  // calls per timed pass
 
@@ -42,38 +35,13 @@ int main(int argc, char** argv) {
   const bool causal = argc > 4 && std::atoi(argv[4]) != 0;
   const int passes = argc > 5 ? std::max(1, std::atoi(argv[5])) : 5;
   constexpr int D = 128;
-  const int n_pad = (n + 15) / 16 * 16;
   const int64_t elems = int64_t(batch) * heads * n * D;
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
 
-  uint16_t *q = dev<uint16_t>(elems), *k = dev<uint16_t>(elems), *v = dev<uint16_t>(elems);
-  fill_bf16<<<1024, 256>>>(q, elems, 1u);
-  fill_bf16<<<1024, 256>>>(k, elems, 2u);
-  fill_bf16<<<1024, 256>>>(v, elems, 3u);
-  QuantQkvArgs a{};
-  a.q = q;
-  a.k = k;
-  a.v = v;
-  a.type = HalfType::kBFloat16;
-  a.q_strides = a.k_strides = a.v_strides = {int64_t(heads) * n * D, int64_t(n) * D, D};
-  a.batch = batch;
-  a.heads_q = a.heads_kv = heads;
-  a.nq = a.nk = n;
-  a.head_dim = a.d_pad = D;
-  a.n_pad = n_pad;
-  a.smooth_k = true;
-  a.sm_scale = 0.088f;
-  a.scale_mul = 0.088f * 1.4427f / 127.0f;
-  a.q_int8 = dev<int8_t>(elems);
-  a.q_scale = dev<float>(int64_t(batch) * heads * n);
-  a.k_int8 = dev<int8_t>(elems);
+  const QuantQkvArgs a = bench::random_qkv(n, batch, heads, D);
+  const int n_pad = a.n_pad;
   const int key_blocks = (n + kSm90KeyBlock - 1) / kSm90KeyBlock;
-  a.k_scale = dev<float>(int64_t(batch) * heads * key_blocks);
-  a.vt = dev<uint8_t>(int64_t(batch) * heads * D * n_pad);
-  a.v_scale = dev<float>(int64_t(batch) * heads * D);
-  a.k_mean = dev<float>(int64_t(batch) * heads * D);
-  a.workspace = dev<float>(quant_qkv_workspace_floats(batch, heads, n, D));
 
   AttnSm90Args b{};
   b.q = a.q_int8;

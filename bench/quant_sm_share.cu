@@ -23,7 +23,7 @@
 
 namespace {
 
-using bench::fill_bf16;
+using bench::dev;
 using bench::fill_bytes;
 using bench::fill_float;
 
@@ -31,13 +31,6 @@ __global__ void spin(long long cycles) {
   const long long t = clock64();
   while (clock64() - t < cycles) {
   }
-}
-
-template <typename T>
-T* dev(int64_t n) {
-  T* p;
-  CHECK(cudaMalloc(&p, sizeof(T) * std::max<int64_t>(n, 1)));
-  return p;
 }
 
 }  // namespace
@@ -51,37 +44,9 @@ int main(int argc, char** argv) {
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   constexpr int D = 128;
-  const int n_pad = (n + 15) / 16 * 16;
-  const int64_t elems = int64_t(batch) * heads * n * D;
 
   // The quantization's inputs and outputs.
-  uint16_t *q = dev<uint16_t>(elems), *k = dev<uint16_t>(elems), *v = dev<uint16_t>(elems);
-  fill_bf16<<<1024, 256>>>(q, elems, 1u);
-  fill_bf16<<<1024, 256>>>(k, elems, 2u);
-  fill_bf16<<<1024, 256>>>(v, elems, 3u);
-  QuantQkvArgs a{};
-  a.q = q;
-  a.k = k;
-  a.v = v;
-  a.type = HalfType::kBFloat16;
-  a.q_strides = a.k_strides = a.v_strides = {int64_t(heads) * n * D, int64_t(n) * D, D};
-  a.batch = batch;
-  a.heads_q = a.heads_kv = heads;
-  a.nq = a.nk = n;
-  a.head_dim = a.d_pad = D;
-  a.n_pad = n_pad;
-  a.smooth_k = true;
-  a.sm_scale = 0.088f;
-  a.scale_mul = 0.088f * 1.4427f / 127.0f;
-  a.q_int8 = dev<int8_t>(elems);
-  a.q_scale = dev<float>(int64_t(batch) * heads * n);
-  a.corr = nullptr;
-  a.k_int8 = dev<int8_t>(elems);
-  a.k_scale = dev<float>(int64_t(batch) * heads * ((n + 127) / 128));
-  a.vt = dev<uint8_t>(int64_t(batch) * heads * D * n_pad);
-  a.v_scale = dev<float>(int64_t(batch) * heads * D);
-  a.k_mean = dev<float>(int64_t(batch) * heads * D);
-  a.workspace = dev<float>(quant_qkv_workspace_floats(batch, heads, n, D));
+  const QuantQkvArgs a = bench::random_qkv(n, batch, heads, D);
 
   cudaStream_t sa, sb;
   CHECK(cudaStreamCreateWithFlags(&sa, cudaStreamNonBlocking));

@@ -37,20 +37,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_ms(fn: Callable[[], object], device: torch.device, *, warmup: int = 2, reps: int = 5) -> float:
-    """Median milliseconds of ``fn()`` over ``reps`` calls, after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 def per_call_ms(
     fn: Callable[[], object], device: torch.device, *, warmup: int = 2, calls: int = 20, reps: int = 5
 ) -> float:
@@ -66,6 +52,11 @@ def per_call_ms(
         _sync(device)
         times.append((time.perf_counter() - start) * 1e3 / calls)
     return statistics.median(times)
+
+
+def time_ms(fn: Callable[[], object], device: torch.device, *, warmup: int = 2, reps: int = 5) -> float:
+    """Median milliseconds of ``fn()`` over ``reps`` calls, each synchronized, after ``warmup`` calls."""
+    return per_call_ms(fn, device, warmup=warmup, calls=1, reps=reps)
 
 
 def default_device() -> torch.device:
