@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from example import sdpa_monkeypatch as smp  # noqa: E402
+from example.measure import time_ms  # noqa: E402
 from sageattention import sageattn  # noqa: E402
 
 SHAPES = [(1, 24, 4608, 128), (4, 32, 1024, 128), (1, 8, 256, 64), (2, 32, 128, 128)]
@@ -46,13 +46,8 @@ def measure(fn, calls: int) -> dict:
     end.record()
     torch.cuda.synchronize()
     gpu = start.elapsed_time(end) / 1e3 / calls
-    singles = []
-    for _ in range(10):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        singles.append(time.perf_counter() - t0)
-    return {"host us": host * 1e6, "gpu us": gpu * 1e6, "single us": statistics.median(singles) * 1e6}
+    single_ms = time_ms(fn, torch.device("cuda"), warmup=0, reps=10)
+    return {"host us": host * 1e6, "gpu us": gpu * 1e6, "single us": single_ms * 1e3}
 
 
 def main(argv=None) -> int:

@@ -40,9 +40,13 @@ bool check(int batch, int heads_q, int heads_kv, int nq, int nk, int head_dim, b
   }
   const int64_t items = grid_items(g), stats_items = grid_stats_items(g);
   const int64_t kv_heads = int64_t{batch} * heads_kv, q_heads = int64_t{batch} * heads_q;
-  // Where each item was seen (-1: not yet), per kind: [head][index].
-  std::vector<int64_t> stats_at(kv_heads * g.chunks, -1), v_at(kv_heads * g.v_tiles, -1);
-  std::vector<int64_t> k_at(kv_heads * g.k_blocks, -1), q_at(q_heads * g.q_tiles, -1);
+  // Per kind (ItemKind's order: stats, V, K, Q): its name, heads, items per head, and where each item
+  // was seen (-1: not yet), [head][index].
+  const char* const names[4] = {"stats item", "V tile", "K block", "Q tile"};
+  const int64_t heads[4] = {kv_heads, kv_heads, kv_heads, q_heads};
+  const int per_head[4] = {g.chunks, g.v_tiles, g.k_blocks, g.q_tiles};
+  std::vector<int64_t> seen[4];
+  for (int k = 0; k < 4; ++k) seen[k].assign(heads[k] * per_head[k], -1);
   std::vector<int64_t> last_stats(kv_heads, -1), first_waiting(kv_heads, items);
   const auto fail = [&](const char* what, int64_t t) {
     std::printf("FAIL: %s at item %lld\n", what, static_cast<long long>(t));
@@ -50,42 +54,24 @@ bool check(int batch, int heads_q, int heads_kv, int nq, int nk, int head_dim, b
   };
   for (int64_t t = 0; t < items; ++t) {
     const Item it = item_of(g, static_cast<int>(t));
-    int64_t* slot = nullptr;
-    int64_t kv_head = -1;
-    bool waits = false;
-    switch (it.kind) {
-      case ItemKind::kStats:
-        if (it.head < 0 || it.head >= kv_heads || it.index < 0 || it.index >= g.chunks) return fail("stats item", t);
-        slot = &stats_at[int64_t{it.head} * g.chunks + it.index];
-        last_stats[it.head] = t;
-        if (!g.waits && t >= stats_items) return fail("stats item in the second launch", t);
-        break;
-      case ItemKind::kV:
-        if (it.head < 0 || it.head >= kv_heads || it.index < 0 || it.index >= g.v_tiles) return fail("V tile", t);
-        slot = &v_at[int64_t{it.head} * g.v_tiles + it.index];
-        kv_head = it.head;
-        waits = true;
-        break;
-      case ItemKind::kK:
-        if (it.head < 0 || it.head >= kv_heads || it.index < 0 || it.index >= g.k_blocks) return fail("K block", t);
-        slot = &k_at[int64_t{it.head} * g.k_blocks + it.index];
-        kv_head = it.head;
-        waits = true;
-        break;
-      case ItemKind::kQ:
-        if (it.head < 0 || it.head >= q_heads || it.index < 0 || it.index >= g.q_tiles) return fail("Q tile", t);
-        slot = &q_at[int64_t{it.head} * g.q_tiles + it.index];
-        kv_head = it.head / g.kv_group;
-        waits = corr;
-        break;
+    const int k = static_cast<int>(it.kind);
+    if (it.head < 0 || it.head >= heads[k] || it.index < 0 || it.index >= per_head[k]) return fail(names[k], t);
+    int64_t& slot = seen[k][int64_t{it.head} * per_head[k] + it.index];
+    if (slot >= 0) return fail("item decoded twice", t);
+    slot = t;
+    const bool stats = it.kind == ItemKind::kStats;
+    if (!g.waits && stats != (t < stats_items)) return fail("item in the wrong one of two launches", t);
+    if (stats) {
+      last_stats[it.head] = t;
+      continue;
     }
-    if (*slot >= 0) return fail("item decoded twice", t);
-    *slot = t;
-    if (it.kind != ItemKind::kStats && !g.waits && t < stats_items) return fail("quantizing item in the first launch", t);
+    // V tiles and K blocks wait for their head's statistics; Q tiles only with the correction.
+    const int64_t kv_head = it.kind == ItemKind::kQ ? it.head / g.kv_group : it.head;
+    const bool waits = it.kind != ItemKind::kQ || corr;
     if (waits && t < first_waiting[kv_head]) first_waiting[kv_head] = t;
   }
-  for (const std::vector<int64_t>* seen : {&stats_at, &v_at, &k_at, &q_at}) {
-    for (const int64_t t : *seen) {
+  for (int k = 0; k < 4; ++k) {
+    for (const int64_t t : seen[k]) {
       if (t < 0) return fail("item never decoded", items);
     }
   }
