@@ -1,6 +1,7 @@
-// Helpers of the standalone CUDA measurement programs in bench/ (trace_sm90.cu, quant_sm_share.cu, call_sm90.cu):
-// an error check that exits, the shape arguments, fills of device buffers with hashed bytes, hashed
-// bfloat16 values or a constant, device allocations, and the fused quantization of random inputs.
+// Helpers of the standalone CUDA measurement programs in bench/ (trace_sm90.cu, quant_sm_share.cu, call_sm90.cu,
+// stream_probe.cu): an error check that exits, the shape arguments, fills of device buffers with hashed
+// bytes, hashed bfloat16 values or a constant, device allocations, the fused quantization of random
+// inputs, and the sm_90a attention's arguments over contiguous buffers with the op's split.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,6 +11,7 @@
 #include <cstdlib>
 
 #include "fused/quant.h"
+#include "sm90/attn.h"
 
 #define CHECK(x)                                                                        \
   do {                                                                                  \
@@ -99,6 +101,62 @@ inline sage::QuantQkvArgs random_qkv(int n, int batch, int heads, int d) {
   a.k_mean = dev<float>(int64_t(batch) * heads * d);
   a.workspace = dev<float>(sage::quant_qkv_workspace_floats(batch, heads, n, d));
   return a;
+}
+
+// The sm_90a attention's inputs in contiguous buffers: Q, K and the output [batch, heads, n, d]
+// (nq or nk tokens), Vᵀ [batch, heads, d, n_pad], one scale per query token, per 128 keys and per
+// channel.
+struct DenseAttn {
+  const int8_t *q, *k;
+  const uint8_t* vt;
+  const float *q_scale, *k_scale, *v_scale;
+  void* out;
+};
+
+// Their AttnSm90Args: bfloat16 output, one K/V head per query head, nothing split, no tile counter
+// (the caller's).
+inline sage::AttnSm90Args dense_attn_args(const DenseAttn& t, int batch, int heads, int nq, int nk, int n_pad,
+                                          int d, bool causal) {
+  const int key_blocks = (nk + sage::kSm90KeyBlock - 1) / sage::kSm90KeyBlock;
+  sage::AttnSm90Args a{};
+  a.q = t.q;
+  a.q_strides = {int64_t(heads) * nq * d, int64_t(nq) * d, d};
+  a.k = t.k;
+  a.k_strides = {int64_t(heads) * nk * d, int64_t(nk) * d, d};
+  a.vt = t.vt;
+  a.vt_strides = {int64_t(heads) * d * n_pad, int64_t(d) * n_pad, n_pad};
+  a.n_pad = n_pad;
+  a.q_scale = t.q_scale;
+  a.q_scale_strides = {int64_t(heads) * nq, nq, 1};
+  a.k_scale = t.k_scale;
+  a.k_scale_strides = {int64_t(heads) * key_blocks, key_blocks, 1};
+  a.v_scale = t.v_scale;
+  a.v_scale_strides = {int64_t(heads) * d, d, 1};
+  a.out = t.out;
+  a.out_strides = a.q_strides;
+  a.out_type = sage::HalfType::kBFloat16;
+  a.batch = batch;
+  a.heads_q = a.heads_kv = heads;
+  a.nq = nq;
+  a.nk = nk;
+  a.head_dim = a.d_pad = d;
+  a.causal = causal;
+  return a;
+}
+
+// Splits the last wave's tiles of `a` as the wheel's op does on this GPU (attn_sm90_split_plan),
+// allocating the parts' workspace; returns the plan.
+inline sage::AttnSm90Split apply_split_plan(sage::AttnSm90Args& a) {
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const sage::AttnSm90Split split =
+      sage::attn_sm90_split_plan(a.batch, a.heads_q, a.nq, a.nk, a.d_pad, a.causal, sms);
+  if (split.parts > 1) {
+    a.split_first = split.first;
+    a.split_parts = split.parts;
+    a.split_partials = dev<float>(split.partials_floats);
+  }
+  return split;
 }
 
 }  // namespace bench

@@ -36,41 +36,11 @@ int main(int argc, char** argv) {
   const int passes = argc > 5 ? std::max(1, std::atoi(argv[5])) : 5;
   constexpr int D = 128;
   const int64_t elems = int64_t(batch) * heads * n * D;
-  int sms = 0;
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
 
   const QuantQkvArgs a = bench::random_qkv(n, batch, heads, D);
-  const int n_pad = a.n_pad;
-  const int key_blocks = (n + kSm90KeyBlock - 1) / kSm90KeyBlock;
-
-  AttnSm90Args b{};
-  b.q = a.q_int8;
-  b.q_strides = {int64_t(heads) * n * D, int64_t(n) * D, D};
-  b.k = a.k_int8;
-  b.k_strides = b.q_strides;
-  b.vt = a.vt;
-  b.vt_strides = {int64_t(heads) * D * n_pad, int64_t(D) * n_pad, n_pad};
-  b.n_pad = n_pad;
-  b.q_scale = a.q_scale;
-  b.q_scale_strides = {int64_t(heads) * n, n, 1};
-  b.k_scale = a.k_scale;
-  b.k_scale_strides = {int64_t(heads) * key_blocks, key_blocks, 1};
-  b.v_scale = a.v_scale;
-  b.v_scale_strides = {int64_t(heads) * D, D, 1};
-  b.out = dev<uint16_t>(elems);
-  b.out_strides = {int64_t(heads) * n * D, int64_t(n) * D, D};
-  b.out_type = HalfType::kBFloat16;
-  b.batch = batch;
-  b.heads_q = b.heads_kv = heads;
-  b.nq = b.nk = n;
-  b.head_dim = b.d_pad = D;
-  b.causal = causal;
-  const AttnSm90Split split = attn_sm90_split_plan(batch, heads, n, n, D, causal, sms);
-  if (split.parts > 1) {
-    b.split_first = split.first;
-    b.split_parts = split.parts;
-    b.split_partials = dev<float>(split.partials_floats);
-  }
+  const bench::DenseAttn in{a.q_int8, a.k_int8, a.vt, a.q_scale, a.k_scale, a.v_scale, dev<uint16_t>(elems)};
+  AttnSm90Args b = bench::dense_attn_args(in, batch, heads, n, n, a.n_pad, D, causal);
+  bench::apply_split_plan(b);
   // The call's tile counter: a spare int of the quantization's workspace, zeroed by its launch. The
   // attention alone draws from counters of its own, one zeroed block per call.
   int* call_counter = reinterpret_cast<int*>(a.workspace + quant_qkv_spare_int_offset(batch, heads, n, D));

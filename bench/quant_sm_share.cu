@@ -84,27 +84,7 @@ int main(int argc, char** argv) {
     fill_float<<<64, 256>>>(bqs, nq, 1e-4f);
     fill_float<<<64, 256>>>(bks, nk / 128, 1e-3f);
     fill_float<<<1, 128>>>(bvs, D, 1.0f / 448.0f);
-    AttnSm90Args b{};
-    b.q = bq;
-    b.q_strides = {int64_t(nq) * D, int64_t(nq) * D, D};
-    b.k = bk;
-    b.k_strides = {int64_t(nk) * D, int64_t(nk) * D, D};
-    b.vt = bv;
-    b.vt_strides = {int64_t(D) * nk, int64_t(D) * nk, nk};
-    b.n_pad = nk;
-    b.q_scale = bqs;
-    b.q_scale_strides = {nq, nq, 1};
-    b.k_scale = bks;
-    b.k_scale_strides = {nk / 128, nk / 128, 1};
-    b.v_scale = bvs;
-    b.v_scale_strides = {D, D, 1};
-    b.out = bo;
-    b.out_strides = {int64_t(nq) * D, int64_t(nq) * D, D};
-    b.out_type = HalfType::kBFloat16;
-    b.batch = b.heads_q = b.heads_kv = 1;
-    b.nq = nq;
-    b.nk = nk;
-    b.head_dim = b.d_pad = D;
+    AttnSm90Args b = bench::dense_attn_args({bq, bk, bv, bqs, bks, bvs, bo}, 1, 1, nq, nk, nk, D, false);
     int* counters = dev<int>(3);  // one tile counter per blocker launch, zero at its start
     CHECK(cudaMemset(counters, 0, 3 * sizeof(int)));
     CHECK(cudaDeviceSynchronize());

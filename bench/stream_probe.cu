@@ -6,7 +6,7 @@
 // per token (Q's arithmetic) and 8-byte stores. With `stats`, every head's K and V slabs are also read
 // once before their quantization, a few heads ahead (the statistics pass), and reduced to nothing.
 //
-//   nvcc -std=c++17 -O3 -arch=sm_90a --use_fast_math -Icsrc/include -Ibench bench/stream_probe.cu -o /tmp/probe
+//   nvcc -std=c++17 -O3 -arch=sm_90a --use_fast_math -Icsrc/include -Icsrc bench/stream_probe.cu -o /tmp/probe
 //   /tmp/probe n batch heads
 // Prints µs per pass for grids of 1 and 2 CTAs per SM, 2-6 stages, row and slab copies, with and
 // without the statistics pass, and the device-to-device copy of the same bytes for reference.

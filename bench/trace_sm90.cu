@@ -135,37 +135,9 @@ int main(int argc, char** argv) {
   fill_float<<<256, 256>>>(ks, int64_t(batch) * heads * (n_pad / 128), spread_p ? (is("small") ? 8.0f : 0.5f) : 1e-3f);
   fill_float<<<256, 256>>>(vs, int64_t(batch) * heads * D, 1.0f / 448.0f);
 
-  AttnSm90Args a{};
-  a.q = q;
-  a.q_strides = {int64_t(heads) * n * D, int64_t(n) * D, D};
-  a.k = k;
-  a.k_strides = a.q_strides;
-  a.vt = vt;
-  a.vt_strides = {int64_t(heads) * D * n_pad, int64_t(D) * n_pad, n_pad};
-  a.n_pad = n_pad;
-  a.q_scale = qs;
-  a.q_scale_strides = {int64_t(heads) * n, n, 1};
-  a.k_scale = ks;
-  a.k_scale_strides = {int64_t(heads) * (n_pad / 128), n_pad / 128, 1};
-  a.v_scale = vs;
-  a.v_scale_strides = {int64_t(heads) * D, D, 1};
-  a.out = out;
-  a.out_strides = {int64_t(heads) * n * D, int64_t(n) * D, D};
-  a.out_type = HalfType::kBFloat16;
-  a.batch = batch;
-  a.heads_q = a.heads_kv = heads;
-  a.nq = a.nk = n;
-  a.head_dim = a.d_pad = D;
-  a.causal = causal;
-  // The last wave's tiles split as the wheel's op splits them (attn_sm90_split_plan).
-  int sms = 0;
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const AttnSm90Split split = attn_sm90_split_plan(batch, heads, n, n, D, causal, sms);
-  if (split.parts > 1) {
-    a.split_first = split.first;
-    a.split_parts = split.parts;
-    CHECK(cudaMalloc(&a.split_partials, split.partials_floats * sizeof(float)));
-  }
+  AttnSm90Args a = bench::dense_attn_args({q, k, vt, qs, ks, vs, out}, batch, heads, n, n, n_pad, D, causal);
+  // The last wave's tiles split as the wheel's op splits them.
+  const AttnSm90Split split = bench::apply_split_plan(a);
   std::fprintf(stderr, "split: tiles from %d in %d parts\n", split.first, split.parts);
   // Each launch draws its tiles from counters of its own, zero at the start.
   constexpr int kLaunches = 64, kCounters = 1 + kSm90SplitCounters;
