@@ -52,15 +52,17 @@ def fp16_accum_available() -> bool:
 
 
 def attention_sm89(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool, return_lse: bool,
-                   pv_accum: str = "fp32+fp32"):  # fmt: skip
+                   pv_accum: str = "fp32+fp32", check: bool = True):  # fmt: skip
     """Quantized attention on HND views ([B, H, N, D], any strides with a unit last stride) of
     float16/bfloat16 tensors, D <= 128 and a multiple of 8, Hq a multiple of Hkv. ``pv_accum``: one
     of PV_ACCUMS.
 
     Returns (out, lse): out [B, Hq, Nq, D] in q's dtype, stored like q; lse [B, Hq, Nq] float32
-    (natural log, including the smooth-K correction) or None.
+    (natural log, including the smooth-K correction) or None. ``check=False`` skips the input checks
+    (cuda_common.check_qkv) for a caller that has made them already (sageattention's entry points).
     """
-    cuda_common.check_qkv(q, k, v)
+    if check:
+        cuda_common.check_qkv(q, k, v)
     if pv_accum not in PV_ACCUMS:
         raise ValueError(
             f"pv_accum={pv_accum!r} is not supported by the sm89 kernel; valid values: {PV_ACCUMS}"

@@ -41,14 +41,17 @@ __all__ = ["attention_sm90", "key_parts", "KEY_BLOCK"]
 KEY_BLOCK = 128
 
 
-def attention_sm90(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool, return_lse: bool):
+def attention_sm90(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool, return_lse: bool,
+                   check: bool = True):  # fmt: skip
     """Quantized attention on HND views ([B, H, N, D], any strides with a unit last stride) of
     float16/bfloat16 tensors, D <= 128 and a multiple of 8, Hq a multiple of Hkv.
 
     Returns (out, lse): out [B, Hq, Nq, D] in q's dtype, stored like q; lse [B, Hq, Nq] float32
-    (natural log, including the smooth-K correction) or None.
+    (natural log, including the smooth-K correction) or None. ``check=False`` skips the input checks
+    (cuda_common.check_qkv) for a caller that has made them already (sageattention's entry points).
     """
-    cuda_common.check_qkv(q, k, v)
+    if check:
+        cuda_common.check_qkv(q, k, v)
     cuda_common.load_extensions("sm90")
     scale_mul = sm_scale * LOG2E / INT8_MAX
     out_nhd = q.stride(1) < q.stride(2)  # NHD memory in, NHD memory out

@@ -145,7 +145,10 @@ def cuda_attention(q, k, v, *, arch, attn_mask, is_causal, sm_scale, return_lse,
     if q.shape[-1] % 8:
         return triton_attention(q, k, v, attn_mask=None, is_causal=is_causal, sm_scale=sm_scale,
                                 return_lse=return_lse, smooth_k=smooth_k, pv=pv, options={})  # fmt: skip
-    args = {"is_causal": is_causal, "sm_scale": sm_scale, "smooth_k": smooth_k, "return_lse": return_lse}
+    # The entry points have checked q, k and v (_checks.check_qkv) and dispatch the head dims the kernels
+    # take: the launchers need not check them again.
+    args = {"is_causal": is_causal, "sm_scale": sm_scale, "smooth_k": smooth_k, "return_lse": return_lse,
+            "check": False}  # fmt: skip
     # No device switch here: every compiled op holds a CUDAGuard on its inputs' GPU (csrc/bindings.cpp)
     # and the torch reductions in the launchers run where their tensors are. This function is traced
     # by torch.compile, where a Python context manager of our own would break the graph.
