@@ -31,13 +31,14 @@ def read_source(path: Path) -> tuple[list[tuple[int, str]], dict[int, dict[str, 
     rows = list(csv.reader(path.open()))
     header = next(r for r in rows if r and r[0] == "Address")
     counted = [h for h in header if h == SAMPLES or (h.startswith("stall_") and "Not Issued" not in h)]
+    columns = {h: header.index(h) for h in counted}  # once, not per row
     code, counts = [], {}
     for row in rows:
         if not row or not row[0].startswith("0x"):
             continue
         address = int(row[0], 16)
         code.append((address, row[1].strip()))
-        counts[address] = {h: int(row[header.index(h)] or 0) for h in counted}
+        counts[address] = {h: int(row[i] or 0) for h, i in columns.items()}
     return code, counts
 
 
@@ -64,7 +65,7 @@ def main(argv=None) -> int:
     loop = key_loop(code)
     total = sum(c[SAMPLES] for c in counts.values())
     in_loop = sum(counts[a][SAMPLES] for a, _ in loop) or 1
-    share = 100 * in_loop / total
+    share = 100 * in_loop / (total or 1)
     print(f"all samples {total}; steady key loop ({len(loop)} SASS instructions) {in_loop} ({share:.1f}%)")
     by_op = collections.defaultdict(lambda: [0, 0])
     for address, text in loop:
