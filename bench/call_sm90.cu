@@ -8,7 +8,9 @@
 //   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr --use_fast_math -Icsrc/include -Icsrc -Ibench \
 //     bench/call_sm90.cu csrc/fused/quant_qkv.cu csrc/sm90/attn_int8_fp8.cu -o /tmp/call
 //   /tmp/call n batch heads [causal (0/1)] [passes]
-// Prints µs per call (the median of `passes` passes of 20 calls each) and the attention's TOPS.
+// Prints µs per call (the median of `passes` passes of 20 calls each), the attention's TOPS and a hash
+// of the call's output: two builds that should agree bit for bit print the same hash. CALL_NO_SPLIT=1
+// in the environment runs whole tiles only (no split plan for the last wave).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,6 +28,15 @@ using bench::dev;
 
 constexpr int kCalls = 20;  // calls per timed pass
 
+// FNV-1a over the output's 16-bit elements: builds that should agree bit for bit print the same hash.
+unsigned long long output_hash(const void* out, int64_t elems) {
+  std::vector<uint16_t> host(static_cast<size_t>(elems));
+  CHECK(cudaMemcpy(host.data(), out, sizeof(uint16_t) * host.size(), cudaMemcpyDeviceToHost));
+  unsigned long long h = 1469598103934665603ull;
+  for (const uint16_t x : host) h = (h ^ x) * 1099511628211ull;
+  return h;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -40,7 +51,8 @@ int main(int argc, char** argv) {
   const QuantQkvArgs a = bench::random_qkv(n, batch, heads, D);
   const bench::DenseAttn in{a.q_int8, a.k_int8, a.vt, a.q_scale, a.k_scale, a.v_scale, dev<uint16_t>(elems)};
   AttnSm90Args b = bench::dense_attn_args(in, batch, heads, n, n, a.n_pad, D, causal);
-  bench::apply_split_plan(b);
+  // CALL_NO_SPLIT=1: whole tiles only (the last wave not split along the keys).
+  if (std::getenv("CALL_NO_SPLIT") == nullptr) bench::apply_split_plan(b);
   // The call's tile counter: a spare int of the quantization's workspace, zeroed by its launch. The
   // attention alone draws from counters of its own, one zeroed block per call.
   int* call_counter = reinterpret_cast<int*>(a.workspace + quant_qkv_spare_int_offset(batch, heads, n, D));
@@ -82,8 +94,8 @@ int main(int argc, char** argv) {
   }
   const double flops = 4.0 * batch * heads * double(n) * n * D * (causal ? 0.5 : 1.0);
   std::printf("n=%d b=%d h=%d %s: quantization %.1f us, attention %.1f us (%.0f TOPS), call %.1f us (%.0f TOPS), "
-              "call - parts %.1f us\n",
+              "call - parts %.1f us, output hash %016llx\n",
               n, batch, heads, causal ? "causal" : "non-causal", med[0], med[1], flops / med[1] * 1e-6, med[2],
-              flops / med[2] * 1e-6, med[2] - med[0] - med[1]);
+              flops / med[2] * 1e-6, med[2] - med[0] - med[1], output_hash(in.out, elems));
   return 0;
 }
