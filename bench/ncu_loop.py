@@ -69,8 +69,9 @@ def main(argv=None) -> int:
     print(f"all samples {total}; steady key loop ({len(loop)} SASS instructions) {in_loop} ({share:.1f}%)")
     by_op = collections.defaultdict(lambda: [0, 0])
     for address, text in loop:
-        by_op[opcode(text)][0] += 1
-        by_op[opcode(text)][1] += counts[address][SAMPLES]
+        entry = by_op[opcode(text)]
+        entry[0] += 1
+        entry[1] += counts[address][SAMPLES]
     print(f"{'opcode':48s} {'count':>5s} {'samples':>8s} {'share':>6s} {'per instr':>9s}")
     for op, (n, s) in sorted(by_op.items(), key=lambda kv: -kv[1][1])[: args.top]:
         print(f"{op:48s} {n:5d} {s:8d} {100 * s / in_loop:5.1f}% {s / n:9.0f}")

@@ -20,12 +20,11 @@ HARNESSES = sorted((ROOT / "bench").glob("*.cu"))
 def documented_command(source: Path) -> list[str]:
     """The nvcc command of the header's `//   nvcc ...` line, with its backslash continuations."""
     lines = source.read_text().splitlines()
-    for i, line in enumerate(lines):
+    for start, line in enumerate(lines):
         if re.match(r"//\s+nvcc\s", line):
-            text = line[2:].strip()
+            text, following = line[2:].strip(), iter(lines[start + 1 :])
             while text.endswith("\\"):
-                i += 1
-                text = text[:-1] + " " + lines[i][2:].strip()
+                text = text[:-1] + " " + next(following)[2:].strip()
             # "nvcc ... -o /tmp/x && /tmp/x": the build, not the run after it.
             return shlex.split(text.split("&&")[0])
     raise AssertionError(f"{source.name}: no '//   nvcc ...' build command in its header")
