@@ -427,13 +427,13 @@ __device__ long long g_sm90_cta_times[kCtaTimesMax][kCtaTimeFields];
 template <int kBlockM, bool kCausal>
 struct TileOf {
   int block_m, h, b;
-  __device__ __forceinline__ TileOf(int tile, int blocks_m, int heads) {
+  __host__ __device__ __forceinline__ TileOf(int tile, int blocks_m, int heads) {
     const int x = tile % blocks_m, rest = tile / blocks_m;
     block_m = kCausal ? blocks_m - 1 - x : x;
     h = rest % heads;
     b = rest / heads;
   }
-  __device__ __forceinline__ int m0() const { return block_m * kBlockM; }
+  __host__ __device__ __forceinline__ int m0() const { return block_m * kBlockM; }
 };
 
 // The tile of causal work item `item`, in the order the CTAs draw them: the tiles of the last
@@ -446,10 +446,24 @@ struct TileOf {
 // end their tiles together, their Q and first blocks load at once, and the kernel was 3-4% slower.)
 // The producer hands the consumers the tile, which they decode as it is.
 constexpr int kCausalTailWaves = 2;
-__device__ __forceinline__ int causal_tile(const AttnSm90Args& p, int item, int blocks_m) {
+__host__ __device__ __forceinline__ int causal_tile(const AttnSm90Args& p, int item, int blocks_m) {
   if (item < p.causal_tail_first) return item;
   const int r = item - p.causal_tail_first, x = r / p.causal_tail_heads;
   return (p.causal_tail_first / blocks_m + (r - x * p.causal_tail_heads)) * blocks_m + x;
+}
+
+// The tile of non-causal work item `item` below split_first (the whole tiles), in the order the CTAs
+// draw them: with light_heads > 0, every row block but the last of the first light_heads heads (head
+// by head), then the rows of the head after them that are whole tiles (none of them light), then the
+// light last row blocks of the light_heads heads. The CTAs that draw the launch's last whole tiles
+// then draw its shortest, and the SMs leave the kernel closer together. Split parts keep their items.
+// The producer hands the consumers the tile, which they decode as it is.
+__host__ __device__ __forceinline__ int light_last_tile(const AttnSm90Args& p, int item, int blocks_m) {
+  if (p.light_heads == 0 || item >= p.split_first) return item;
+  const int light0 = p.split_first - p.light_heads, per = blocks_m - 1;
+  if (item >= light0) return (item - light0) * blocks_m + per;
+  const int h = item / per;
+  return h < p.light_heads ? h * blocks_m + (item - h * per) : p.light_heads * blocks_m + (item - p.light_heads * per);
 }
 
 // Key blocks consumer warpgroup w (rows m0 + 64 w .. + 63) needs: causal (top-left), up to its last
@@ -469,14 +483,14 @@ struct Work {
   int kb0, kb1;  // key blocks [kb0, kb1); causal tiles (never split) take their warpgroups' own ends
   int slot;      // a part's slot among the launch's parts, j above; -1 for a whole tile
   template <bool kCausal>
-  static __device__ __forceinline__ Work of(const AttnSm90Args& p, int item) {
+  static __host__ __device__ __forceinline__ Work of(const AttnSm90Args& p, int item) {
     // Causal launches split nothing (the launcher checks): their items are their tiles, whose key
     // blocks wg_blocks bounds.
     constexpr int kAll = 1 << 30;
     if (kCausal) return Work(item, item + 1, 1, kAll);
     return Work(item, p.split_first, p.split_parts, (p.nk + kBlockN - 1) / kBlockN);
   }
-  __device__ __forceinline__ Work(int item, int first, int parts, int blocks) {
+  __host__ __device__ __forceinline__ Work(int item, int first, int parts, int blocks) {
     if (item < first) {
       tile = item;
       kb0 = 0;
@@ -643,8 +657,8 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
       for (int it = 0;; ++it) {
         const int slot = it % kTileSlots;
         if (it >= kTileSlots) mbar_wait(&bar.tile_empty[slot], ((it / kTileSlots) - 1) & 1);
-        // Causal: the slot holds the item's tile (causal_tile), which the consumers decode as it is.
-        const int work = kCausal && tile < items ? causal_tile(p, tile, blocks_m) : tile;
+        // The slot holds the item's tile (causal_tile, light_last_tile), which the consumers decode as it is.
+        const int work = tile >= items ? tile : kCausal ? causal_tile(p, tile, blocks_m) : light_last_tile(p, tile, blocks_m);
         if (leader) {
           bar.tile[slot] = tile < items ? work : -1;
           mbar_arrive(&bar.tile_full[slot]);  // release: the consumers' wait orders the slot's read after it
@@ -706,7 +720,7 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
         // tail 28 against 19 us per SM at b=4 h=32 n=4096; causal n=4096 3% slower, bench/NOTES.md).
         const int next = draw();
         if (leader && next < items) {
-          const int next_tile = kCausal ? causal_tile(p, next, blocks_m) : next;
+          const int next_tile = kCausal ? causal_tile(p, next, blocks_m) : light_last_tile(p, next, blocks_m);
           const Tile nt(Work::of<kCausal>(p, next_tile).tile, blocks_m, p.heads_q);
           for (int w = 0; w < kWgs && nt.m0() + w * kWgRows < p.nq; ++w) {
             tma_prefetch_l2_4d(&tm_q, 0, nt.m0() + w * kWgRows, nt.h, nt.b);
@@ -1014,6 +1028,31 @@ cudaError_t make_maps(const AttnSm90Args& a, CUtensorMap* tm_q, CUtensorMap* tm_
   return make_tensor_map_4d(tm_o, a.out, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
+// The light last row blocks drawn last (light_last_tile) where the launch's K and Vᵀ take at most this
+// many bytes, so that most of them are still in L2 when those tiles read them again. Measured on an
+// H200, kernel alone (bench/NOTES.md, run j): b=4 h=32 n=1024 (34 MB) 5.5% faster; n=2048 (67 MB) 0.8%
+// faster and n=4096 no faster, drawn so at any size.
+constexpr int64_t kLightLastKvBytes = int64_t{40} << 20;
+
+// The order in which a launch of `grid` CTAs draws its work items (causal_tile, light_last_tile): sets
+// args' causal_tail_first and causal_tail_heads (causal) or light_heads (non-causal), its tiles of
+// `rows` query rows and its split (split_first, split_parts) already set.
+void plan_tile_order(AttnSm90Args& args, int rows, bool causal, int64_t grid) {
+  const int64_t heads = int64_t{args.batch} * args.heads_q, blocks_m = (args.nq + rows - 1) / rows;
+  args.causal_tail_first = args.causal_tail_heads = args.light_heads = 0;
+  if (heads < 1 || blocks_m < 1) return;
+  if (causal) {  // the last heads' tiles row block by row block
+    const int64_t tail = std::min(heads, (kCausalTailWaves * grid + blocks_m - 1) / blocks_m);
+    args.causal_tail_heads = static_cast<int>(tail);
+    args.causal_tail_first = static_cast<int>((heads - tail) * blocks_m);
+    return;
+  }
+  const int64_t kv_bytes = int64_t{args.batch} * args.heads_kv * args.nk * args.d_pad * 2;  // INT8 K, FP8 Vᵀ
+  if (args.nq % rows != 0 && blocks_m > 1 && kv_bytes <= kLightLastKvBytes) {
+    args.light_heads = static_cast<int>(args.split_first / blocks_m);  // the heads wholly before the split
+  }
+}
+
 template <int D, bool kCausal, typename OutT>
 cudaError_t launch(const AttnSm90Args& in, cudaStream_t stream) {
   CUtensorMap tm_q, tm_k, tm_v, tm_o;
@@ -1049,12 +1088,7 @@ cudaError_t launch(const AttnSm90Args& in, cudaStream_t stream) {
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
   const int64_t grid = items < sms ? items : sms;
-  if (kCausal && tiles > 0) {  // the last heads' tiles drawn row block by row block (causal_tile)
-    const int64_t heads = int64_t{args.batch} * args.heads_q, blocks_m = tiles / heads;
-    const int64_t tail = std::min(heads, (kCausalTailWaves * grid + blocks_m - 1) / blocks_m);
-    args.causal_tail_heads = static_cast<int>(tail);
-    args.causal_tail_first = static_cast<int>((heads - tail) * blocks_m);
-  }
+  plan_tile_order(args, C::kBlockM, kCausal, grid);
   // Programmatic stream serialization: the CTAs may start (barriers, the ones rows) while the kernel
   // before them in the stream (the quantization) finishes; grid_dependency_wait() in the kernel holds
   // every global-memory access until that kernel has completed and its writes are visible.
