@@ -56,9 +56,9 @@ struct AttnSm90Args {
   // Causal: the tiles from causal_tail_first on, those of the last causal_tail_heads (b, h) heads, are
   // numbered row block by row block (TileOf). Set by the launcher.
   int causal_tail_first, causal_tail_heads;
-  // Non-causal: the whole tiles' light last row blocks (fewer rows than a tile holds) of the first
-  // light_heads (b, h) heads are drawn after every other whole tile (light_last_tile); 0: in TileOf's
-  // order. Set by the launcher.
+  // Non-causal: the light last row blocks (fewer rows than a tile holds) of the first light_heads
+  // (b, h) heads (all of them, or none) are drawn after every other whole tile (light_last_tile); 0:
+  // in TileOf's order. Set by the launcher.
   int light_heads;
 };
 

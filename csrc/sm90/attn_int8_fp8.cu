@@ -452,18 +452,17 @@ __host__ __device__ __forceinline__ int causal_tile(const AttnSm90Args& p, int i
   return (p.causal_tail_first / blocks_m + (r - x * p.causal_tail_heads)) * blocks_m + x;
 }
 
-// The tile of non-causal work item `item` below split_first (the whole tiles), in the order the CTAs
-// draw them: with light_heads > 0, every row block but the last of the first light_heads heads (head
-// by head), then the rows of the head after them that are whole tiles (none of them light), then the
-// light last row blocks of the light_heads heads. The CTAs that draw the launch's last whole tiles
-// then draw its shortest, and the SMs leave the kernel closer together. Split parts keep their items.
-// The producer hands the consumers the tile, which they decode as it is.
+// The tile of non-causal work item `item`, in the order the CTAs draw them: with light_heads > 0 (see
+// plan_tile_order), every row block but the last of every head, head by
+// head, then every head's light last row block. The CTAs that draw the launch's last tiles then draw
+// its shortest, and the SMs leave the kernel closer together. The producer hands the consumers the
+// tile, which they decode as it is.
 __host__ __device__ __forceinline__ int light_last_tile(const AttnSm90Args& p, int item, int blocks_m) {
-  if (p.light_heads == 0 || item >= p.split_first) return item;
-  const int light0 = p.split_first - p.light_heads, per = blocks_m - 1;
+  const int per = blocks_m - 1, light0 = p.light_heads * per;  // from light0 on: the light row blocks
+  if (p.light_heads == 0 || item >= light0 + p.light_heads) return item;
   if (item >= light0) return (item - light0) * blocks_m + per;
   const int h = item / per;
-  return h < p.light_heads ? h * blocks_m + (item - h * per) : p.light_heads * blocks_m + (item - p.light_heads * per);
+  return h * blocks_m + (item - h * per);
 }
 
 // Key blocks consumer warpgroup w (rows m0 + 64 w .. + 63) needs: causal (top-left), up to its last
@@ -1028,10 +1027,13 @@ cudaError_t make_maps(const AttnSm90Args& a, CUtensorMap* tm_q, CUtensorMap* tm_
   return make_tensor_map_4d(tm_o, a.out, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
-// The light last row blocks drawn last (light_last_tile) where the launch's K and Vᵀ take at most this
-// many bytes, so that most of them are still in L2 when those tiles read them again. Measured on an
-// H200, kernel alone (bench/NOTES.md, run j): b=4 h=32 n=1024 (34 MB) 5.5% faster; n=2048 (67 MB) 0.8%
-// faster and n=4096 no faster, drawn so at any size.
+// The light last row blocks drawn last (light_last_tile) in launches that split no tile (the split
+// evens out the others' last wave), end on a partial wave that the light row blocks can fill at least
+// half of, and whose K and Vᵀ take at most this many bytes, so that most of them are still in L2 when
+// those tiles read them again. Measured on an H200, kernel alone (bench/NOTES.md, run j): b=4 h=32
+// n=1024 (34 MB) 5.3% faster, b=2 h=40 n=1000 2%; b=4 h=32 n=2048 (67 MB) 0.8% faster and n=4096 no
+// faster, drawn so at any size; where they fill little of the last wave (b=2 h=10 n=2048) or there is
+// none (b=1 h=24 n=4096: four whole waves), 0-1.5% slower; with split tiles, b=2 h=10 n=4096 0.4%.
 constexpr int64_t kLightLastKvBytes = int64_t{40} << 20;
 
 // The order in which a launch of `grid` CTAs draws its work items (causal_tile, light_last_tile): sets
@@ -1047,9 +1049,12 @@ void plan_tile_order(AttnSm90Args& args, int rows, bool causal, int64_t grid) {
     args.causal_tail_first = static_cast<int>((heads - tail) * blocks_m);
     return;
   }
+  // The light row blocks drawn last where they can take half of the last, partial wave's tiles at least.
   const int64_t kv_bytes = int64_t{args.batch} * args.heads_kv * args.nk * args.d_pad * 2;  // INT8 K, FP8 Vᵀ
-  if (args.nq % rows != 0 && blocks_m > 1 && kv_bytes <= kLightLastKvBytes) {
-    args.light_heads = static_cast<int>(args.split_first / blocks_m);  // the heads wholly before the split
+  const int64_t last = heads * blocks_m % grid;
+  if (args.split_parts <= 1 && args.nq % rows != 0 && blocks_m > 1 && kv_bytes <= kLightLastKvBytes && last > 0 &&
+      2 * heads >= last) {
+    args.light_heads = static_cast<int>(heads);
   }
 }
 
