@@ -59,3 +59,18 @@ def compile_nvcc(args: list[str]) -> str:
     proc = subprocess.run([NVCC, *args], capture_output=True, text=True)
     assert proc.returncode == 0, f"nvcc {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
     return proc.stdout + proc.stderr
+
+
+def host_check_program(folder: Path, source: Path) -> Path:
+    """Build a host program that includes a kernel's source to check its host-callable logic (work item
+    decoding, launch planning) without a GPU: `source` compiled for sm_90a with the package's flags into
+    `folder`. Skips the test without an nvcc that can target sm_90a."""
+    import pytest
+
+    if NVCC is None:
+        pytest.skip(NO_NVCC)
+    if "sm_90" not in gpu_codes():  # --list-gpu-code names sm_90, not sm_90a
+        pytest.skip("this nvcc cannot target sm_90a")
+    exe = folder / source.stem
+    compile_nvcc(["-arch=sm_90a", *nvcc_flags(), str(source), "-o", str(exe)])
+    return exe

@@ -9,10 +9,10 @@
 // Usage: quant_qkv_items "batch heads_q heads_kv nq nk head_dim corr" ...; prints one line per shape
 // ("ok ..." or "FAIL ...") and exits 1 if any failed.
 #include <cstdio>
-#include <cstdlib>
 #include <vector>
 
 #include "fused/quant_qkv.cu"
+#include "shape_args.h"
 
 namespace {
 
@@ -88,14 +88,7 @@ bool check(int batch, int heads_q, int heads_kv, int nq, int nk, int head_dim, b
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool ok = true;
-  for (int i = 1; i < argc; ++i) {
-    int s[7];
-    if (std::sscanf(argv[i], "%d %d %d %d %d %d %d", &s[0], &s[1], &s[2], &s[3], &s[4], &s[5], &s[6]) != 7) {
-      std::printf("bad shape argument: %s\n", argv[i]);
-      return 2;
-    }
-    ok = check(s[0], s[1], s[2], s[3], s[4], s[5], s[6] != 0) && ok;
-  }
-  return ok ? 0 : 1;
+  return check_shapes<7>(argc, argv, [](const std::array<int, 7>& s) {
+    return check(s[0], s[1], s[2], s[3], s[4], s[5], s[6] != 0);
+  });
 }

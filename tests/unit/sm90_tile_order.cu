@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "shape_args.h"
 #include "sm90/attn_int8_fp8.cu"
 
 namespace {
@@ -74,16 +75,8 @@ bool check(int batch, int heads_q, int heads_kv, int nq, int nk, int head_dim, i
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool ok = true;
-  for (int i = 1; i < argc; ++i) {
-    int s[8];
-    if (std::sscanf(argv[i], "%d %d %d %d %d %d %d %d", &s[0], &s[1], &s[2], &s[3], &s[4], &s[5], &s[6], &s[7]) != 8) {
-      std::printf("bad shape argument: %s\n", argv[i]);
-      return 2;
-    }
-    ok = (s[6] != 0 ? check<true>(s[0], s[1], s[2], s[3], s[4], s[5], s[7])
-                    : check<false>(s[0], s[1], s[2], s[3], s[4], s[5], s[7])) &&
-         ok;
-  }
-  return ok ? 0 : 1;
+  return check_shapes<8>(argc, argv, [](const std::array<int, 8>& s) {
+    return s[6] != 0 ? check<true>(s[0], s[1], s[2], s[3], s[4], s[5], s[7])
+                     : check<false>(s[0], s[1], s[2], s[3], s[4], s[5], s[7]);
+  });
 }

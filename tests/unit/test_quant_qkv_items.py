@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cuda_toolchain import NO_NVCC, NVCC, compile_nvcc, gpu_codes, nvcc_flags
+from tests.cuda_toolchain import host_check_program
 
 SOURCE = Path(__file__).with_name("quant_qkv_items.cu")
 
@@ -47,13 +47,7 @@ SHAPES = [
 
 @pytest.fixture(scope="module")
 def items_program(tmp_path_factory):
-    if NVCC is None:
-        pytest.skip(NO_NVCC)
-    if "sm_90" not in gpu_codes():  # --list-gpu-code names sm_90, not sm_90a
-        pytest.skip("this nvcc cannot target sm_90a")
-    exe = tmp_path_factory.mktemp("quant_items") / "quant_qkv_items"
-    compile_nvcc(["-arch=sm_90a", *nvcc_flags(), str(SOURCE), "-o", str(exe)])
-    return exe
+    return host_check_program(tmp_path_factory.mktemp("quant_items"), SOURCE)
 
 
 def test_every_item_once_and_waits_only_for_earlier_items(items_program):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cuda_toolchain import NO_NVCC, NVCC, compile_nvcc, gpu_codes, nvcc_flags
+from tests.cuda_toolchain import host_check_program
 
 SOURCE = Path(__file__).with_name("sm90_tile_order.cu")
 
@@ -51,13 +51,7 @@ SHAPES = [
 
 @pytest.fixture(scope="module")
 def order_program(tmp_path_factory):
-    if NVCC is None:
-        pytest.skip(NO_NVCC)
-    if "sm_90" not in gpu_codes():  # --list-gpu-code names sm_90, not sm_90a
-        pytest.skip("this nvcc cannot target sm_90a")
-    exe = tmp_path_factory.mktemp("sm90_tiles") / "sm90_tile_order"
-    compile_nvcc(["-arch=sm_90a", *nvcc_flags(), str(SOURCE), "-o", str(exe)])
-    return exe
+    return host_check_program(tmp_path_factory.mktemp("sm90_tiles"), SOURCE)
 
 
 def test_every_tile_once_and_light_row_blocks_last(order_program):
