@@ -94,7 +94,7 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
 // of tokens row, row + kRows, ... Returns what keeps the statistics' reads from being optimized away.
 constexpr int kVecs = kD / 8, kRows = kConsumerWarps * 32 / kVecs;
 
-// 0: per-token INT8 with fmaxf, the IEEE division and F2I per element; statistics slabs take the same
+// 0: per-token INT8 with fmaxf, a division per token and F2I per element; statistics slabs take the same
 // per-token maxima (shuffles included).
 __device__ __forceinline__ float consume_simple(const Probe& p, const Slab& sl, const uint8_t* slab, int64_t row0,
                                                 int row, int c) {
