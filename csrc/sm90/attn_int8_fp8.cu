@@ -453,16 +453,21 @@ __host__ __device__ __forceinline__ int causal_tile(const AttnSm90Args& p, int i
 }
 
 // The tile of non-causal work item `item`, in the order the CTAs draw them: with light_heads > 0 (see
-// plan_tile_order), every row block but the last of every head, head by
-// head, then every head's light last row block. The CTAs that draw the launch's last tiles then draw
-// its shortest, and the SMs leave the kernel closer together. The producer hands the consumers the
-// tile, which they decode as it is.
+// plan_tile_order), every row block but the last of every head, head by head, then every head's light
+// last row block. The CTAs that draw the launch's last tiles then draw its shortest, and the SMs leave
+// the kernel closer together. The producer hands the consumers the tile, which they decode as it is.
 __host__ __device__ __forceinline__ int light_last_tile(const AttnSm90Args& p, int item, int blocks_m) {
   const int per = blocks_m - 1, light0 = p.light_heads * per;  // from light0 on: the light row blocks
   if (p.light_heads == 0 || item >= light0 + p.light_heads) return item;
   if (item >= light0) return (item - light0) * blocks_m + per;
   const int h = item / per;
   return h * blocks_m + (item - h * per);
+}
+
+// The tile of work item `item` (below the launch's item count), in the order the CTAs draw them.
+template <bool kCausal>
+__host__ __device__ __forceinline__ int drawn_tile(const AttnSm90Args& p, int item, int blocks_m) {
+  return kCausal ? causal_tile(p, item, blocks_m) : light_last_tile(p, item, blocks_m);
 }
 
 // Key blocks consumer warpgroup w (rows m0 + 64 w .. + 63) needs: causal (top-left), up to its last
@@ -657,7 +662,7 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
         const int slot = it % kTileSlots;
         if (it >= kTileSlots) mbar_wait(&bar.tile_empty[slot], ((it / kTileSlots) - 1) & 1);
         // The slot holds the item's tile (causal_tile, light_last_tile), which the consumers decode as it is.
-        const int work = tile >= items ? tile : kCausal ? causal_tile(p, tile, blocks_m) : light_last_tile(p, tile, blocks_m);
+        const int work = tile < items ? drawn_tile<kCausal>(p, tile, blocks_m) : tile;
         if (leader) {
           bar.tile[slot] = tile < items ? work : -1;
           mbar_arrive(&bar.tile_full[slot]);  // release: the consumers' wait orders the slot's read after it
@@ -719,7 +724,7 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
         // tail 28 against 19 us per SM at b=4 h=32 n=4096; causal n=4096 3% slower, bench/NOTES.md).
         const int next = draw();
         if (leader && next < items) {
-          const int next_tile = kCausal ? causal_tile(p, next, blocks_m) : light_last_tile(p, next, blocks_m);
+          const int next_tile = drawn_tile<kCausal>(p, next, blocks_m);
           const Tile nt(Work::of<kCausal>(p, next_tile).tile, blocks_m, p.heads_q);
           for (int w = 0; w < kWgs && nt.m0() + w * kWgRows < p.nq; ++w) {
             tma_prefetch_l2_4d(&tm_q, 0, nt.m0() + w * kWgRows, nt.h, nt.b);

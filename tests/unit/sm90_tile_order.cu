@@ -1,5 +1,5 @@
 // The sm_90a attention's work items on the host (csrc/sm90/attn_int8_fp8.cu: attn_sm90_split_plan,
-// plan_tile_order, causal_tile, light_last_tile, Work), for tests/unit/test_sm90_tile_order.py: for
+// plan_tile_order, drawn_tile, Work), for tests/unit/test_sm90_tile_order.py: for
 // each launch shape on the command line, every item the CTAs draw decoded as the producer decodes it,
 // and checked:
 //   - every whole tile exactly once, every part of a split tile exactly once, its parts covering the
@@ -50,8 +50,7 @@ bool check(int batch, int heads_q, int heads_kv, int nq, int nk, int head_dim, i
   const int64_t light0 = a.split_first - a.light_heads;
   for (int64_t item = 0; item < items; ++item) {
     const int i = static_cast<int>(item);
-    const int work = kCausal ? causal_tile(a, i, blocks_m) : light_last_tile(a, i, blocks_m);
-    const Work w = Work::of<kCausal>(a, work);
+    const Work w = Work::of<kCausal>(a, drawn_tile<kCausal>(a, i, blocks_m));
     if (w.tile < 0 || w.tile >= tiles) return fail("tile out of range", item);
     const bool light = w.tile % blocks_m == blocks_m - 1 && w.tile / blocks_m < a.light_heads;
     if (!kCausal && light != (item >= light0 && item < a.split_first)) return fail("light tile out of place", item);
