@@ -169,6 +169,19 @@ struct Cta {
   static_assert(kProducerRegs + kWgs * kConsumerRegs <= kLaunchRegs * (1 + kWgs), "within the launch's pool");
 };
 
+// A tile as the producer hands it to the consumers, decoded by the producer (Work, TileOf): what the
+// consumers need at the tile's start, read from shared memory. (Decoded by every consumer warp there,
+// with its integer divisions, it was about 250 instructions on each warpgroup's way into the tile;
+// the kernels ran 1-3% slower, d=64 causal 7%, bench/NOTES.md.) `part` is not read: the consumers
+// decode the tile again after the key loop (see there).
+struct TileTask {
+  int work;      // the work item's tile (drawn_tile), -1: no more
+  int m0, h, b;  // its first query row, query head and batch (TileOf)
+  int hk;        // its K/V head
+  int kb0, kb1;  // its key blocks [kb0, kb1) (Work)
+  int part;      // Work::slot: a part's slot among the launch's parts, -1 for a whole tile
+};
+
 struct Barriers {
   uint64_t q_full[kMaxConsumerWgs];   // a consumer warpgroup's 64 rows of Q have landed
   uint64_t q_empty[kMaxConsumerWgs];  // its last Q·Kᵀ of the tile has completed
@@ -176,8 +189,8 @@ struct Barriers {
   uint64_t v_full[kStages];
   uint64_t empty[kStages];
   uint64_t tile_full[kTileSlots];   // the producer wrote the slot's tile
-  uint64_t tile_empty[kTileSlots];  // every consumer warp has read it
-  int tile[kTileSlots];             // the work item (Work), -1: no more
+  uint64_t tile_empty[kTileSlots];  // every consumer warp is done with it (at the tile's end)
+  TileTask task[kTileSlots];
   float k_scale[kStages];           // K's scale of the stage's block
   int split_rank[kMaxConsumerWgs];  // a consumer warpgroup's count on its split tile's counter (merge_parts)
 };
@@ -661,16 +674,30 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
       for (int it = 0;; ++it) {
         const int slot = it % kTileSlots;
         if (it >= kTileSlots) mbar_wait(&bar.tile_empty[slot], ((it / kTileSlots) - 1) & 1);
-        // The slot holds the item's tile (causal_tile, light_last_tile), which the consumers decode as it is.
+        // The slot holds the item's tile (causal_tile, light_last_tile), decoded for the consumers.
         const int work = tile < items ? drawn_tile<kCausal>(p, tile, blocks_m) : tile;
-        if (leader) {
-          bar.tile[slot] = tile < items ? work : -1;
-          mbar_arrive(&bar.tile_full[slot]);  // release: the consumers' wait orders the slot's read after it
+        if (tile >= items) {
+          if (leader) {
+            bar.task[slot].work = -1;
+            mbar_arrive(&bar.tile_full[slot]);
+          }
+          break;
         }
-        if (tile >= items) break;
         const Work wk = Work::of<kCausal>(p, work);
         const Tile tl(wk.tile, blocks_m, p.heads_q);
         const int m0 = tl.m0(), hk = tl.h / (p.heads_q / p.heads_kv);
+        if (leader) {
+          TileTask& task = bar.task[slot];
+          task.work = work;
+          task.m0 = m0;
+          task.h = tl.h;
+          task.b = tl.b;
+          task.hk = hk;
+          task.kb0 = wk.kb0;
+          task.kb1 = wk.kb1;
+          task.part = wk.slot;
+          mbar_arrive(&bar.tile_full[slot]);  // release: the consumers' wait orders the slot's reads after it
+        }
         const float* ks_base = p.k_scale + tl.b * p.k_scale_strides.b + hk * p.k_scale_strides.h;
         // The consumer warpgroups that hold a row below Nq; the others skip the tile.
         const int active_wgs = min(kWgs, (p.nq - m0 + kWgRows - 1) / kWgRows);
@@ -764,11 +791,13 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
   for (int it = 0;; ++it) {
     const int slot = it % kTileSlots;
     mbar_wait(&bar.tile_full[slot], (it / kTileSlots) & 1);
-    // Broadcast from lane 0 like wg: ptxas then knows the tile, and all that derives from it, to be
-    // warp-uniform, and keeps them in uniform registers, out of the key loop's way.
-    const int tile = __shfl_sync(0xffffffffu, *static_cast<volatile int*>(&bar.tile[slot]), 0);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&bar.tile_empty[slot]);
+    // The slot's fields, read where they are used before the key loop (volatile: none held in
+    // registers through it) and broadcast from lane 0 like wg: ptxas then knows them, and all that
+    // derives from them, to be warp-uniform, and keeps them in uniform registers, out of the key
+    // loop's way. The warp arrives on tile_empty at the tile's end.
+    const volatile TileTask& task = bar.task[slot];
+    const auto field = [](const volatile int& f) { return __shfl_sync(0xffffffffu, f, 0); };
+    const int tile = field(task.work);
     if (tile < 0) break;
     if (cw == 0 && t == 0) {
       SAGE_CTA_TIME(tile, 2, clock64());
@@ -778,22 +807,20 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
     pos = __shfl_sync(0xffffffffu, pos, 0);  // uniform again after the loop's divergent arrivals
     int n_blocks, cta_blocks;
     {
-      const Work wk = Work::of<kCausal>(p, tile);
-      const Tile tl(wk.tile, blocks_m, p.heads_q);
-      const int m0 = tl.m0();
+      const int m0 = field(task.m0), kb0 = field(task.kb0), kb1 = field(task.kb1);
       const int active_wgs = min(kWgs, (p.nq - m0 + kWgRows - 1) / kWgRows);
-      cta_blocks = min(wg_blocks<kCausal>(m0, active_wgs - 1, p.nk), wk.kb1) - wk.kb0;
-      n_blocks = cw < active_wgs ? min(wg_blocks<kCausal>(m0, cw, p.nk), wk.kb1) - wk.kb0 : 0;
+      cta_blocks = min(wg_blocks<kCausal>(m0, active_wgs - 1, p.nk), kb1) - kb0;
+      n_blocks = cw < active_wgs ? min(wg_blocks<kCausal>(m0, cw, p.nk), kb1) - kb0 : 0;
     }
     if (n_blocks > 0) {
       float q_scale[2];
       {
-        const Tile tl(Work::of<kCausal>(p, tile).tile, blocks_m, p.heads_q);
-        const int row0 = tl.m0() + cw * kWgRows + warp * 16 + group;
+        const int b = field(task.b), h = field(task.h);
+        const int row0 = field(task.m0) + cw * kWgRows + warp * 16 + group;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int row = row0 + 8 * i;
-          q_scale[i] = row < p.nq ? p.q_scale[tl.b * p.q_scale_strides.b + tl.h * p.q_scale_strides.h +
+          q_scale[i] = row < p.nq ? p.q_scale[b * p.q_scale_strides.b + h * p.q_scale_strides.h +
                                               static_cast<int64_t>(row) * p.q_scale_strides.n]
                                   : 0.0f;
         }
@@ -811,9 +838,7 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
       // d=64 n=4096 1% faster, bench/NOTES.md.)
       float* const vsc_tile = reinterpret_cast<float*>(smem + L::kVsc) + cw * D;
       {
-        const Tile tl(Work::of<kCausal>(p, tile).tile, blocks_m, p.heads_q);
-        const float* vs_base =
-            p.v_scale + tl.b * p.v_scale_strides.b + (tl.h / (p.heads_q / p.heads_kv)) * p.v_scale_strides.h;
+        const float* vs_base = p.v_scale + field(task.b) * p.v_scale_strides.b + field(task.hk) * p.v_scale_strides.h;
         if (t < D) cp_async_4(shared_addr(vsc_tile + t), vs_base + t, t < p.head_dim);
         cp_async_commit();
       }
@@ -886,16 +911,18 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
         for (int r = pos; r < r_last; ++r) step(r, false, unused);
       }
       // The tile decoded again, from its index hidden from the compiler: the loop then keeps none of
-      // the first decoding's values.
+      // the first decoding's values. (Its fields read from the slot here instead, ptxas scheduled the
+      // key loops differently and the kernels ran up to 2% slower than this, bench/NOTES.md.)
       int tile_again = tile;
       asm volatile("" : "+r"(tile_again));
       const Work wk = Work::of<kCausal>(p, tile_again);
       const Tile tl(wk.tile, blocks_m, p.heads_q);
-      const int warp_row0 = tl.m0() + cw * kWgRows + warp * 16;
+      const int m0 = tl.m0(), kb0 = wk.kb0, part = wk.slot, tb = tl.b, th = tl.h;
+      const int warp_row0 = m0 + cw * kWgRows + warp * 16;
       const int row[2] = {warp_row0 + group, warp_row0 + group + 8};
       const bool row_ok[2] = {row[0] < p.nq, row[1] < p.nq};
       {
-        const int n0 = (wk.kb0 + n_blocks - 1) * kBlockN;
+        const int n0 = (kb0 + n_blocks - 1) * kBlockN;
         int limit[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) limit[i] = (kCausal ? min(p.nk - 1, row[i]) : p.nk - 1) - n0 - 2 * quad;
@@ -905,7 +932,7 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
       // A part of a split tile: its rows go to the workspace, and the tile's last part merges the parts
       // and writes the output.
       cp_async_wait<0>();  // V's scales: this thread's copy has landed
-      if (kCausal || wk.slot < 0 || merge_parts<D, kWgs>(p, wk.slot, cw, t, &bar.split_rank[cw], o, m_run, l_run)) {
+      if (kCausal || part < 0 || merge_parts<D, kWgs>(p, part, cw, t, &bar.split_rank[cw], o, m_run, l_run)) {
         // Epilogue: divide by the row sum (448 x the reference's, which divides by sum * 448), multiply by
         // V's channel scale, and store: the warpgroup's 64 rows go through shared memory (by stmatrix, in
         // the 128-byte swizzle: the 8 rows of a matrix land on distinct banks; by 4-byte stores to generic
@@ -950,7 +977,7 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
 #pragma unroll
           for (int box = 0; box < L::kOutBoxes; ++box) {
             tma_store_4d(&tm_o, out_tile + box * kOutBoxRows * kOutBoxBytes, box * kOutBoxBytes,
-                         tl.m0() + cw * kWgRows, tl.h, tl.b);
+                         m0 + cw * kWgRows, th, tb);
           }
           tma_store_commit();
         }
@@ -959,10 +986,10 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
           if (!row_ok[i]) continue;
           if (p.lse != nullptr && quad == 0) {
             const int64_t off =
-                tl.b * p.lse_strides.b + tl.h * p.lse_strides.h + static_cast<int64_t>(row[i]) * p.lse_strides.n;
+                tb * p.lse_strides.b + th * p.lse_strides.h + static_cast<int64_t>(row[i]) * p.lse_strides.n;
             float lse = (m_run[i] + (log2f(l_run[i]) - kLog2Fp8Max)) * kLn2;
             if (p.corr != nullptr) {
-              lse += p.corr[tl.b * p.corr_strides.b + tl.h * p.corr_strides.h +
+              lse += p.corr[tb * p.corr_strides.b + th * p.corr_strides.h +
                             static_cast<int64_t>(row[i]) * p.corr_strides.n];
             }
             p.lse[off] = lse;
@@ -985,6 +1012,8 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
       if (lane == 0) mbar_arrive(&bar.empty[(pos + blk) % kStages]);
     }
     pos += cta_blocks;
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&bar.tile_empty[slot]);
   }
   if (t == 0) tma_store_wait_read();  // the output tile stays until its last stores have read it
   SAGE_TRACE_CTA(2, clock64());
