@@ -20,13 +20,7 @@ using namespace sage;
 
 bool check(int batch, int heads_q, int heads_kv, int nq, int nk, int head_dim, bool corr) {
   QuantQkvArgs a{};
-  a.batch = batch;
-  a.heads_q = heads_q;
-  a.heads_kv = heads_kv;
-  a.nq = nq;
-  a.nk = nk;
-  a.head_dim = head_dim;
-  a.d_pad = head_dim <= 64 ? 64 : 128;
+  set_shape(a, batch, heads_q, heads_kv, nq, nk, head_dim);
   a.n_pad = (nk + kQkvKeyGroup - 1) / kQkvKeyGroup * kQkvKeyGroup;
   a.smooth_k = true;
   static float dummy;

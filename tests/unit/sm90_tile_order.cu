@@ -22,13 +22,7 @@ using namespace sage;
 template <bool kCausal>
 bool check(int batch, int heads_q, int heads_kv, int nq, int nk, int head_dim, int sms) {
   AttnSm90Args a{};
-  a.batch = batch;
-  a.heads_q = heads_q;
-  a.heads_kv = heads_kv;
-  a.nq = nq;
-  a.nk = nk;
-  a.head_dim = head_dim;
-  a.d_pad = head_dim <= 64 ? 64 : 128;
+  set_shape(a, batch, heads_q, heads_kv, nq, nk, head_dim);
   a.causal = kCausal;
   std::printf("b=%d hq=%d hkv=%d nq=%d nk=%d d=%d causal=%d sms=%d: ", batch, heads_q, heads_kv, nq, nk, head_dim,
               kCausal, sms);
