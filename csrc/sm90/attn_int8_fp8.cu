@@ -918,12 +918,11 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
       asm volatile("" : "+r"(tile_again));
       const Work wk = Work::of<kCausal>(p, tile_again);
       const Tile tl(wk.tile, blocks_m, p.heads_q);
-      const int m0 = tl.m0(), kb0 = wk.kb0, part = wk.slot, tb = tl.b, th = tl.h;
-      const int warp_row0 = m0 + cw * kWgRows + warp * 16;
+      const int warp_row0 = tl.m0() + cw * kWgRows + warp * 16;
       const int row[2] = {warp_row0 + group, warp_row0 + group + 8};
       const bool row_ok[2] = {row[0] < p.nq, row[1] < p.nq};
       {
-        const int n0 = (kb0 + n_blocks - 1) * kBlockN;
+        const int n0 = (wk.kb0 + n_blocks - 1) * kBlockN;
         int limit[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) limit[i] = (kCausal ? min(p.nk - 1, row[i]) : p.nk - 1) - n0 - 2 * quad;
@@ -933,7 +932,7 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
       // A part of a split tile: its rows go to the workspace, and the tile's last part merges the parts
       // and writes the output.
       cp_async_wait<0>();  // V's scales: this thread's copy has landed
-      if (kCausal || part < 0 || merge_parts<D, kWgs>(p, part, cw, t, &bar.split_rank[cw], o, m_run, l_run)) {
+      if (kCausal || wk.slot < 0 || merge_parts<D, kWgs>(p, wk.slot, cw, t, &bar.split_rank[cw], o, m_run, l_run)) {
         // Epilogue: divide by the row sum (448 x the reference's, which divides by sum * 448), multiply by
         // V's channel scale, and store: the warpgroup's 64 rows go through shared memory (by stmatrix, in
         // the 128-byte swizzle: the 8 rows of a matrix land on distinct banks; by 4-byte stores to generic
@@ -978,7 +977,7 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
 #pragma unroll
           for (int box = 0; box < L::kOutBoxes; ++box) {
             tma_store_4d(&tm_o, out_tile + box * kOutBoxRows * kOutBoxBytes, box * kOutBoxBytes,
-                         m0 + cw * kWgRows, th, tb);
+                         tl.m0() + cw * kWgRows, tl.h, tl.b);
           }
           tma_store_commit();
         }
@@ -987,10 +986,10 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
           if (!row_ok[i]) continue;
           if (p.lse != nullptr && quad == 0) {
             const int64_t off =
-                tb * p.lse_strides.b + th * p.lse_strides.h + static_cast<int64_t>(row[i]) * p.lse_strides.n;
+                tl.b * p.lse_strides.b + tl.h * p.lse_strides.h + static_cast<int64_t>(row[i]) * p.lse_strides.n;
             float lse = (m_run[i] + (log2f(l_run[i]) - kLog2Fp8Max)) * kLn2;
             if (p.corr != nullptr) {
-              lse += p.corr[tb * p.corr_strides.b + th * p.corr_strides.h +
+              lse += p.corr[tl.b * p.corr_strides.b + tl.h * p.corr_strides.h +
                             static_cast<int64_t>(row[i]) * p.corr_strides.n];
             }
             p.lse[off] = lse;
