@@ -602,6 +602,11 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
   // (non-causal 4-7% faster than I2FP, causal within 1.5%); at D = 128 the two measure the same, and
   // the kernels keep I2FP (bench/NOTES.md).
   constexpr bool kBiasCvt = D == 64;
+  // The tile decoded again for the last block and the epilogue under that block's Q·Kᵀ at D = 128 (its
+  // divisions then overlap the wgmma: 0.4-0.9% off the kernels at n <= 2048 and causal n = 4096, the
+  // same elsewhere); at D = 64 before the block, as ptxas scheduled the non-causal D = 64 key loop
+  // differently with the former and it ran 1.6% slower (bench/NOTES.md).
+  constexpr bool kDecodeUnderQk = D == 128;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + L::kAtom - 1) &
                                              ~static_cast<uintptr_t>(L::kAtom - 1));
@@ -858,7 +863,7 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
       // softmax (correct for any block), the others skip its compares and selects; it also releases
       // the warpgroup's Q once its Q·Kᵀ has completed. `masked` is a constant at both call sites, so
       // the branches fold away.
-      const auto step = [&](int r, bool masked, const int (&limit)[2]) {
+      const auto step = [&](int r, bool masked, auto&& limit_of) {
         const int stage = r % kStages;
         const uint32_t parity = (r / kStages) & 1;
 #ifdef SAGE_SM90_TRACE
@@ -871,6 +876,8 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
         wgmma_fence();
         issue_qk<D>(s, desc_q, desc_k(stage));
         wgmma_commit();
+        int limit[2];  // the mask's limits, under the wgmma (with the last block's decoding at D = 128)
+        limit_of(limit);
         wgmma_wait<0>();
         fence_operands(s);
         SAGE_TRACE(blk, 2);
@@ -907,32 +914,41 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
       // The last block peeled off the loop: the loop holds the unmasked softmax only (with both, the
       // consumers' registers would not hold the masked scores as well).
       {
-        const int unused[2] = {0, 0};
+        const auto unused = [](int (&limit)[2]) { limit[0] = limit[1] = 0; };
         const int r_last = pos + n_blocks - 1;
         for (int r = pos; r < r_last; ++r) step(r, false, unused);
       }
       // The tile decoded again, from its index hidden from the compiler: the loop then keeps none of
       // the first decoding's values. (Its fields read from the slot here instead, ptxas scheduled the
-      // key loops differently and the kernels ran up to 2% slower than this, bench/NOTES.md.)
-      int tile_again = tile;
-      asm volatile("" : "+r"(tile_again));
-      const Work wk = Work::of<kCausal>(p, tile_again);
-      const Tile tl(wk.tile, blocks_m, p.heads_q);
-      const int warp_row0 = tl.m0() + cw * kWgRows + warp * 16;
-      const int row[2] = {warp_row0 + group, warp_row0 + group + 8};
-      const bool row_ok[2] = {row[0] < p.nq, row[1] < p.nq};
-      {
+      // key loops differently and the kernels ran up to 2% slower than this, bench/NOTES.md.) It gives
+      // the epilogue the tile's first row, heads and split part, and the last block its mask's limits.
+      int m0, part, tb, th, row[2];
+      const auto decode = [&](int (&limit)[2]) {
+        int tile_again = tile;
+        asm volatile("" : "+r"(tile_again));
+        const Work wk = Work::of<kCausal>(p, tile_again);
+        const Tile tl(wk.tile, blocks_m, p.heads_q);
+        m0 = tl.m0(), part = wk.slot, tb = tl.b, th = tl.h;
+        const int warp_row0 = m0 + cw * kWgRows + warp * 16;
+        row[0] = warp_row0 + group;
+        row[1] = warp_row0 + group + 8;
         const int n0 = (wk.kb0 + n_blocks - 1) * kBlockN;
-        int limit[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) limit[i] = (kCausal ? min(p.nk - 1, row[i]) : p.nk - 1) - n0 - 2 * quad;
-        step(pos + n_blocks - 1, true, limit);
+      };
+      if constexpr (kDecodeUnderQk) {
+        step(pos + n_blocks - 1, true, decode);
+      } else {
+        int limit[2];
+        decode(limit);
+        step(pos + n_blocks - 1, true, [&](int (&l)[2]) { l[0] = limit[0], l[1] = limit[1]; });
       }
+      const bool row_ok[2] = {row[0] < p.nq, row[1] < p.nq};
       if (cw == 0 && t == 0) SAGE_CTA_TIME(tile, 4, clock64());
       // A part of a split tile: its rows go to the workspace, and the tile's last part merges the parts
       // and writes the output.
       cp_async_wait<0>();  // V's scales: this thread's copy has landed
-      if (kCausal || wk.slot < 0 || merge_parts<D, kWgs>(p, wk.slot, cw, t, &bar.split_rank[cw], o, m_run, l_run)) {
+      if (kCausal || part < 0 || merge_parts<D, kWgs>(p, part, cw, t, &bar.split_rank[cw], o, m_run, l_run)) {
         // Epilogue: divide by the row sum (448 x the reference's, which divides by sum * 448), multiply by
         // V's channel scale, and store: the warpgroup's 64 rows go through shared memory (by stmatrix, in
         // the 128-byte swizzle: the 8 rows of a matrix land on distinct banks; by 4-byte stores to generic
@@ -977,7 +993,7 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
 #pragma unroll
           for (int box = 0; box < L::kOutBoxes; ++box) {
             tma_store_4d(&tm_o, out_tile + box * kOutBoxRows * kOutBoxBytes, box * kOutBoxBytes,
-                         tl.m0() + cw * kWgRows, tl.h, tl.b);
+                         m0 + cw * kWgRows, th, tb);
           }
           tma_store_commit();
         }
@@ -986,10 +1002,10 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
           if (!row_ok[i]) continue;
           if (p.lse != nullptr && quad == 0) {
             const int64_t off =
-                tl.b * p.lse_strides.b + tl.h * p.lse_strides.h + static_cast<int64_t>(row[i]) * p.lse_strides.n;
+                tb * p.lse_strides.b + th * p.lse_strides.h + static_cast<int64_t>(row[i]) * p.lse_strides.n;
             float lse = (m_run[i] + (log2f(l_run[i]) - kLog2Fp8Max)) * kLn2;
             if (p.corr != nullptr) {
-              lse += p.corr[tl.b * p.corr_strides.b + tl.h * p.corr_strides.h +
+              lse += p.corr[tb * p.corr_strides.b + th * p.corr_strides.h +
                             static_cast<int64_t>(row[i]) * p.corr_strides.n];
             }
             p.lse[off] = lse;
