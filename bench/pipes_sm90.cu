@@ -1,7 +1,8 @@
 // Issue throughput of the per-score softmax instructions of the sm_90a kernel, in operations per
-// clock per SM: which of them share the 16-lane pipe with MUFU.EX2, and what the integer-bias
-// conversion (IADD + FADD) costs against I2FP. One CTA of 1024 threads per SM, 8 independent chains
-// per thread, clock64 around an unrolled loop.
+// clock per SM: which of them share the 16-lane pipe with MUFU.EX2, what the integer-bias conversion
+// (IADD + FADD) costs against I2FP, and whether exp2 in half precision (ex2.approx.f16x2) would make
+// P at a higher rate. One CTA of 1024 threads per SM, 8 independent chains per thread, clock64 around
+// an unrolled loop.
 //
 //   nvcc -O3 -arch=sm_90a bench/pipes_sm90.cu -o /tmp/pipes && /tmp/pipes
 #include <cstdio>
@@ -11,7 +12,7 @@
 constexpr int kIters = 4096;
 constexpr int kChains = 8;
 
-enum Op { kI2F, kEx2, kF2Fp8, kBias, kFfma, kFmnmx };
+enum Op { kI2F, kEx2, kF2Fp8, kBias, kFfma, kFmnmx, kEx2H2, kF2H2, kH2Fp8, kPairH2 };
 
 template <Op op>
 __global__ void run(float* sink, long long* cycles, int seed) {
@@ -42,6 +43,29 @@ __global__ void run(float* sink, long long* cycles, int seed) {
       } else if constexpr (op == kBias) {
         f[c] += __int_as_float(s[c] + 0x4B400000) - 12582912.0f;  // IADD + FADD (+ the FADD)
         s[c] ^= it;
+      } else if constexpr (op == kEx2H2) {
+        uint32_t h = __float_as_uint(f[c]);
+        asm volatile("ex2.approx.f16x2 %0, %0;" : "+r"(h));
+        f[c] = __uint_as_float(h);
+      } else if constexpr (op == kF2H2) {
+        uint32_t h;
+        asm volatile("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(f[c]), "f"(f[c + 1 & 7]));
+        u[c] += h;
+        f[c] += 1.0f;
+      } else if constexpr (op == kH2Fp8) {
+        uint16_t r;
+        asm volatile("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;" : "=h"(r) : "r"(u[c]));
+        u[c] += r;
+      } else if constexpr (op == kPairH2) {
+        // A pair of P values through half precision: one f16x2 conversion, one packed exp2 (two
+        // MUFU.EX2.F16 in SASS), one e4m3x2 conversion; pairs per clock.
+        uint32_t h;
+        uint16_t r;
+        asm volatile("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(f[c + 1 & 7]), "f"(f[c]));
+        asm volatile("ex2.approx.f16x2 %0, %0;" : "+r"(h));
+        asm volatile("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;" : "=h"(r) : "r"(h));
+        u[c] += r;
+        f[c] += 1.0f;
       } else if constexpr (op == kFfma) {
         f[c] = fmaf(f[c], 0.999f, 0.001f);
       } else {
@@ -82,5 +106,9 @@ int main() {
   measure<kF2Fp8>("F2FP e4m3x2 (+IADD, FADD)", sink, cycles, sms, threads);
   measure<kFfma>("FFMA", sink, cycles, sms, threads);
   measure<kFmnmx>("FMNMX (+LOP)", sink, cycles, sms, threads);
+  measure<kEx2H2>("MUFU.EX2 f16x2 (instructions)", sink, cycles, sms, threads);
+  measure<kF2H2>("F2FP f16x2 from f32 (+IADD, FADD)", sink, cycles, sms, threads);
+  measure<kH2Fp8>("F2FP e4m3x2 from f16x2 (+IADD)", sink, cycles, sms, threads);
+  measure<kPairH2>("P pair: f16x2 + EX2 f16x2 + e4m3x2 (pairs)", sink, cycles, sms, threads);
   return cudaGetLastError() != cudaSuccess;
 }
