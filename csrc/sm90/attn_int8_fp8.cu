@@ -173,8 +173,8 @@ struct Cta {
 // consumers need at the tile's start, read from shared memory. (Decoded by every consumer warp there,
 // with its integer divisions, it was about 250 instructions on each warpgroup's way into the tile;
 // the kernels ran 1-3% slower, d=64 causal 7%, bench/NOTES.md.) No consumer reads `part`: they decode
-// the tile again after the key loop (see there). It stays because the kernels were measured with this
-// layout (without it, ptxas allocates the registers differently throughout).
+// the tile again for its last key block and the epilogue (see there). It stays because the kernels were
+// measured with this layout (without it, ptxas allocates the registers differently throughout).
 struct TileTask {
   int work;      // the work item's tile (drawn_tile), -1: no more
   int m0, h, b;  // its first query row, query head and batch (TileOf)
