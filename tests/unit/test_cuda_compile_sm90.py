@@ -18,8 +18,9 @@ Compile checks (skipped without nvcc, or with an nvcc that cannot target sm_90a)
   UTMASTG (TMA), USETMAXREG; and, per kernel: no register above the consumers' budget; no spill
   store in the key loop; wgmmas issued in groups, one wait per group; no instruction writing a
   register of an in-flight wgmma or reading its accumulator (a data-flow pass over the SASS
-  control-flow graph); the scores converted as planned; the output tile's named barrier and no other;
-  the output stored by TMA (UTMASTG), no STG but the LSE's.
+  control-flow graph); the scores converted as planned; at head dim 128 the tile decoded again under
+  the last block's Q·Kᵀ, at 64 before it; the output tile's named barrier and no other; the output
+  stored by TMA (UTMASTG), no STG but the LSE's.
 
 The flags are the package's nvcc flags from build-matrix.yaml. About 15 s on 2 cores (8 kernels:
 head dim 64/128 x causal x fp16/bf16 output).
@@ -385,6 +386,27 @@ def test_sass_score_conversion_by_kernel(sm90_sass, source):
             assert adds == 64 * copies // 2 and i2fp <= 66 * copies // 2, f"{name}: {adds} adds, {i2fp} I2FP"
         else:
             assert adds == 0 and i2fp >= 64 * copies, f"{name}: {adds} adds, {i2fp} I2FP"
+
+
+@needs_nvcc
+@pytest.mark.parametrize("source", [p.name for p in SM90_SOURCES])
+def test_sass_tile_decoded_under_the_last_qk_at_head_dim_128(sm90_sass, source):
+    """The tile's last block and epilogue need it decoded again (integer divisions by the launch's
+    row blocks, heads and split parts). At head dim 128 that runs between the last block's Q·Kᵀ issue
+    and its wait, under the wgmma (0.4-0.9% faster at n <= 2048); at 64 before the block, where the
+    other placement moved ptxas's key loop and cost 1.6% (bench/NOTES.md, run l). The instructions
+    between the kernel's last INT8 wgmma group and its wait: dozens with a division step (I2F.RP and
+    MUFU.RCP, or IMAD.HI) at head dim 128; a few, none of them a division step, at 64."""
+    division = ("I2F.U32.RP", "I2F.RP", "MUFU.RCP", "IMAD.HI")
+    for name, code in _kernels(sm90_sass, source).items():
+        last_qk = max(i for i, (_, text) in enumerate(code) if text.startswith("IGMMA") and "gsb0" in text)
+        wait = next(i for i in range(last_qk, len(code)) if "WARPGROUP.DEPBAR" in code[i][1])
+        under = [text for _, text in code[last_qk + 1 : wait]]
+        divides = [text for text in under if text.startswith(division)]
+        if head_dim_of(name) == "128":
+            assert len(under) >= 30 and divides, f"{name}: {len(under)} instructions under the last Q·Kᵀ"
+        else:
+            assert len(under) <= 16 and not divides, f"{name}: {under}"
 
 
 @needs_nvcc
