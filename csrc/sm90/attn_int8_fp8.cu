@@ -680,8 +680,6 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
       for (int it = 0;; ++it) {
         const int slot = it % kTileSlots;
         if (it >= kTileSlots) mbar_wait(&bar.tile_empty[slot], ((it / kTileSlots) - 1) & 1);
-        // The slot holds the item's tile (causal_tile, light_last_tile), decoded for the consumers.
-        const int work = tile < items ? drawn_tile<kCausal>(p, tile, blocks_m) : tile;
         if (tile >= items) {
           if (leader) {
             bar.task[slot].work = -1;
@@ -689,6 +687,8 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
           }
           break;
         }
+        // The slot holds the item's tile (causal_tile, light_last_tile), decoded for the consumers.
+        const int work = drawn_tile<kCausal>(p, tile, blocks_m);
         const Work wk = Work::of<kCausal>(p, work);
         const Tile tl(wk.tile, blocks_m, p.heads_q);
         const int m0 = tl.m0(), hk = tl.h / (p.heads_q / p.heads_kv);
