@@ -73,7 +73,7 @@ void check_cuda(cudaError_t err, const char* what) {
   TORCH_CHECK(err == cudaSuccess, what, " failed: ", cudaGetErrorString(err));
 }
 
-void check_input(const at::Tensor& x, const char* name) {
+[[maybe_unused]] void check_input(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.is_cuda(), name, " must be a CUDA tensor");
   TORCH_CHECK(x.dim() == 4, name, " must be [B, H, N, D], got ", x.dim(), " dimensions");
   TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, name,
@@ -81,7 +81,7 @@ void check_input(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.stride(3) == 1, name, " must have a contiguous last dimension");
 }
 
-void check_float(const at::Tensor& x, const char* name, const at::Tensor& like, int64_t heads) {
+[[maybe_unused]] void check_float(const at::Tensor& x, const char* name, const at::Tensor& like, int64_t heads) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.device() == like.device(), name,
               " must be a contiguous float32 tensor on ", like.device());
   TORCH_CHECK(x.dim() == 3 && x.size(0) == like.size(0) && x.size(1) == heads && x.size(2) == like.size(3), name,
