@@ -20,7 +20,8 @@ Compile checks (skipped without nvcc, or with an nvcc that cannot target sm_90a)
   register of an in-flight wgmma or reading its accumulator (a data-flow pass over the SASS
   control-flow graph); the scores converted as planned; at head dim 128 the tile decoded again under
   the last block's Q·Kᵀ, at 64 before it; the output tile's named barrier and no other; the output
-  stored by TMA (UTMASTG), no STG but the LSE's.
+  stored by TMA (UTMASTG), no STG but the LSE's; the key loops ptxas scheduled, as
+  csrc/sm90/key_loops.json records them (tests/sm90_sass.py; checked with the recording nvcc only).
 
 The flags are the package's nvcc flags from build-matrix.yaml. About 15 s on 2 cores (8 kernels:
 head dim 64/128 x causal x fp16/bf16 output).
@@ -28,6 +29,7 @@ head dim 64/128 x causal x fp16/bf16 output).
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -37,10 +39,9 @@ import torch
 
 from sageattention.reference import permute_keys_sm90
 from tests.cuda_toolchain import NO_NVCC, NVCC, compile_nvcc, cuobjdump, gpu_codes, nvcc_flags
+from tests.sm90_sass import ARCH, KEY_LOOPS, SM90_SOURCES, key_loop, key_loops, nvcc_release, sass_functions
 
 ROOT = Path(__file__).resolve().parents[2]
-SM90_SOURCES = sorted((ROOT / "csrc" / "sm90").glob("*.cu"))
-ARCH = "sm_90a"
 # Per head dim: (registers per thread at launch, 65536 / threads in units of 8; the consumers'
 # setmaxnreg.inc target), for 1 producer and 3 (head dim 128) or 4 (64) consumer warpgroups.
 REGISTERS = {"128": (128, 160), "64": (96, 112)}
@@ -144,7 +145,6 @@ def test_sass_uses_hopper_tensor_cores(sm90_sass, source):
 # --------------------------------------------------------------------------------------------------
 # The wgmma pipeline in the SASS: what ptxas made of the kernel.
 
-SASS_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
 # Opcodes whose first register operand is not written (stores, barriers, control, uniform-only).
 NO_REGISTER_DEST = (
     "ST", "RED", "ATOM", "BAR", "BRA", "EXIT", "SYNCS", "WARPGROUP", "UTMA", "MEMBAR", "NOP", "WARPSYNC",
@@ -164,15 +164,6 @@ def sm90_sass(sm90_builds):
         assert proc.returncode == 0, proc.stderr
         sass[source] = proc.stdout
     return sass
-
-
-def sass_functions(sass: str) -> dict[str, list[tuple[int, str]]]:
-    """{mangled kernel name: [(address, instruction text without the trailing ';')]}."""
-    functions = {}
-    for chunk in re.split(r"\n\s*Function : ", sass)[1:]:
-        name = chunk.split("\n", 1)[0].strip()
-        functions[name] = [(int(a, 16), text.strip()) for a, text in SASS_INSTRUCTION.findall(chunk)]
-    return functions
 
 
 def _split(text: str) -> tuple[str, list[str]]:
@@ -296,21 +287,6 @@ def test_sass_registers_fit_the_consumer_budget(sm90_sass, source):
         assert top < REGISTERS[head_dim_of(name)][1], f"{name} uses R{top}"
 
 
-def key_loop(code: list[tuple[int, str]]) -> list[tuple[int, str]]:
-    """The steady-state key loop: the shortest span from a backward branch's target to the branch
-    that holds a block's softmax (64 exp2 and 2 for the rescale)."""
-    index = {address: i for i, (address, _) in enumerate(code)}
-    loops = []
-    for i, (address, text) in enumerate(code):
-        target = re.search(r"BRA\S* .*?0x([0-9a-f]+)", text)
-        if target and int(target.group(1), 16) < address and int(target.group(1), 16) in index:
-            span = code[index[int(target.group(1), 16)] : i + 1]
-            if sum("MUFU.EX2" in t for _, t in span) >= 64:
-                loops.append(span)
-    assert loops, "no key loop found"
-    return min(loops, key=len)
-
-
 @needs_nvcc
 @pytest.mark.parametrize("source", [p.name for p in SM90_SOURCES])
 def test_sass_key_loop_spills_nothing(sm90_sass, source):
@@ -430,6 +406,41 @@ def test_sass_one_named_barrier_and_output_by_tma(sm90_sass, source):
             assert len(stores) <= 2, f"{name}: {len(stores)} global stores: {stores[:3]}"
         else:  # the LSE's and every partial value of a split tile's part, each stored once
             assert len(stores) == 2 + d_pad // 2 + 4, f"{name}: {len(stores)} global stores: {stores[:3]}"
+
+
+@needs_nvcc
+def test_sass_key_loops_match_the_record(sm90_sass):
+    """The key loops are the ones csrc/sm90/key_loops.json records (length and opcode order, per
+    kernel; tests/sm90_sass.py). ptxas schedules the loop anew after any edit of the kernel function,
+    and a reordered loop has measured up to 9% slower: a change that moves a loop is measured against
+    main, then recorded. Checked with the nvcc build that made the record only."""
+    recorded = json.loads(KEY_LOOPS.read_text())
+    release = nvcc_release(NVCC)
+    if release != recorded["nvcc"]:
+        pytest.skip(f"the key loops were recorded with nvcc {recorded['nvcc']}; this one is {release}")
+    current = key_loops(sm90_sass)
+    before = {label: loop["instructions"] for label, loop in recorded["kernels"].items()}
+    changed = [
+        f"{label}: {before.get(label)} -> {loop['instructions']} instructions"
+        for label, loop in sorted(current.items())
+        if recorded["kernels"].get(label) != loop
+    ]
+    assert set(current) == set(recorded["kernels"]) and not changed, (
+        "ptxas scheduled other key loops than the recorded ones:\n  " + "\n  ".join(changed) + "\n"
+        "Measure the change against main (bench/NOTES.md: lengths it does not touch too), then record the "
+        "loops with: python -m tests.sm90_sass --write"
+    )
+
+
+def test_key_loop_record_covers_every_kernel():
+    """The record names the eight kernels: head dim 64 and 128, causal or not, bf16 or fp16 output."""
+    recorded = json.loads(KEY_LOOPS.read_text())
+    expected = {
+        f"d{d} {c} {t}" for d in (64, 128) for c in ("causal", "non-causal") for t in ("bf16", "fp16")
+    }
+    assert set(recorded["kernels"]) == expected
+    for loop in recorded["kernels"].values():
+        assert 300 <= loop["instructions"] <= 600 and re.fullmatch(r"[0-9a-f]{64}", loop["opcodes_sha256"])
 
 
 # --------------------------------------------------------------------------------------------------

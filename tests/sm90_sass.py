@@ -1,0 +1,131 @@
+"""The sm_90a kernels' SASS as the compile tests read it, and the record of their key loops.
+
+ptxas schedules the attention kernel's key loop anew whenever anything in the kernel function
+changes, also code outside the loop, and a reordered loop has measured up to 9% slower
+(bench/NOTES.md). csrc/sm90/key_loops.json therefore records, per kernel, the loop's length and a
+digest of its opcode sequence (registers, predicates and addresses left out), with the nvcc that
+compiled it. tests/unit/test_cuda_compile_sm90.py fails when a build with that nvcc gives another
+loop. After measuring such a change against main (lengths it does not touch included), record the new
+loops:
+
+    python -m tests.sm90_sass --write
+
+``python -m tests.sm90_sass`` alone prints the loops of the current source next to the record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SM90_SOURCES = sorted((ROOT / "csrc" / "sm90").glob("*.cu"))
+ARCH = "sm_90a"
+KEY_LOOPS = ROOT / "csrc" / "sm90" / "key_loops.json"
+SASS_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+
+
+def sass_functions(sass: str) -> dict[str, list[tuple[int, str]]]:
+    """{mangled kernel name: [(address, instruction text without the trailing ';')]}."""
+    functions = {}
+    for chunk in re.split(r"\n\s*Function : ", sass)[1:]:
+        name = chunk.split("\n", 1)[0].strip()
+        functions[name] = [(int(a, 16), text.strip()) for a, text in SASS_INSTRUCTION.findall(chunk)]
+    return functions
+
+
+def key_loop(code: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The steady-state key loop: the shortest span from a backward branch's target to the branch
+    that holds a block's softmax (64 exp2 and 2 for the rescale)."""
+    index = {address: i for i, (address, _) in enumerate(code)}
+    loops = []
+    for i, (address, text) in enumerate(code):
+        target = re.search(r"BRA\S* .*?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < address and int(target.group(1), 16) in index:
+            span = code[index[int(target.group(1), 16)] : i + 1]
+            if sum("MUFU.EX2" in t for _, t in span) >= 64:
+                loops.append(span)
+    assert loops, "no key loop found"
+    return min(loops, key=len)
+
+
+def kernel_label(name: str) -> str:
+    """'d128 causal bf16' and the like, from a mangled attn_int8_fp8_sm90_kernel<D, kCausal, OutT> name."""
+    found = re.search(r"kernelILi(\d+)ELb([01])E(\d+)(\w+?)EEv", name)
+    assert found, f"not an sm90 attention kernel: {name}"
+    out = {"__nv_bfloat16": "bf16", "__half": "fp16"}[found.group(4)]
+    return f"d{found.group(1)} {'causal' if found.group(2) == '1' else 'non-causal'} {out}"
+
+
+def loop_record(code: list[tuple[int, str]]) -> dict[str, object]:
+    """A key loop's length and the SHA-256 of its opcodes in order (guard predicates, operands and
+    addresses dropped), one per line."""
+    opcodes = [re.sub(r"^@!?U?P\w+\s+", "", text).split(" ", 1)[0] for _, text in key_loop(code)]
+    return {
+        "instructions": len(opcodes),
+        "opcodes_sha256": hashlib.sha256("\n".join(opcodes).encode()).hexdigest(),
+    }
+
+
+def key_loops(sass_by_source: dict[str, str]) -> dict[str, dict[str, object]]:
+    """{kernel label: loop_record} over every kernel of the given SASS texts."""
+    return {
+        kernel_label(name): loop_record(code)
+        for sass in sass_by_source.values()
+        for name, code in sass_functions(sass).items()
+    }
+
+
+def nvcc_release(nvcc: str) -> str:
+    """'V13.0.88' and the like: the exact compiler build, as ``nvcc --version`` names it."""
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    found = re.search(r"\bV(\d+\.\d+\.\d+)", out)
+    return f"V{found.group(1)}" if found else "unknown"
+
+
+def compile_sass() -> dict[str, str]:
+    """{source name: SASS} of csrc/sm90, compiled as the compile tests compile it."""
+    from tests.cuda_toolchain import compile_nvcc, cuobjdump, nvcc_flags  # noqa: PLC0415
+
+    sass = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for source in SM90_SOURCES:
+            cubin = Path(tmp) / f"{source.stem}.cubin"
+            compile_nvcc(["-cubin", f"-arch={ARCH}", *nvcc_flags(), str(source), "-o", str(cubin)])
+            tool = cuobjdump()
+            assert tool is not None, "no cuobjdump found (CUDA toolkit, PATH or the triton package)"
+            sass[source.name] = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True,
+                                               check=True).stdout  # fmt: skip
+    return sass
+
+
+def main(argv: list[str]) -> int:
+    from tests.cuda_toolchain import NVCC  # noqa: PLC0415
+
+    if NVCC is None:
+        print("nvcc not found (CUDA_HOME, /usr/local/cuda, PATH)", file=sys.stderr)
+        return 1
+    current = {"nvcc": nvcc_release(NVCC), "kernels": key_loops(compile_sass())}
+    if argv == ["--write"]:
+        KEY_LOOPS.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
+        print(f"wrote {KEY_LOOPS.relative_to(ROOT)} ({current['nvcc']})")
+        return 0
+    if argv:
+        print(__doc__, file=sys.stderr)
+        return 2
+    recorded = json.loads(KEY_LOOPS.read_text()) if KEY_LOOPS.is_file() else {"nvcc": None, "kernels": {}}
+    print(f"nvcc {current['nvcc']} (record: {recorded['nvcc']})")
+    for label, loop in sorted(current["kernels"].items()):
+        old = recorded["kernels"].get(label)
+        same = "same as recorded" if old == loop else f"recorded: {old}"
+        print(f"{label:24s} {loop['instructions']:4d} instructions, {loop['opcodes_sha256'][:16]}  {same}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
