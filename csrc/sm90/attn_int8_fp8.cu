@@ -860,10 +860,10 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
       // registers D/2 and D/2 + 2 hold column D + 2 quad of rows `group` and group + 8). Once the P·V
       // wgmma group has completed, this warp's last reads of the stage are done: it releases the stage
       // to the producer. Only the last block can hold masked keys (see wg_blocks): it takes the masked
-      // softmax (correct for any block), the others skip its compares and selects; it also releases
-      // the warpgroup's Q once its Q·Kᵀ has completed. `masked` is a constant at both call sites, so
-      // the branches fold away.
-      const auto step = [&](int r, bool masked, auto&& limit_of) {
+      // softmax (correct for any block) unless it lies wholly below Nk, and the others skip its compares
+      // and selects; the `last` block also releases the warpgroup's Q once its Q·Kᵀ has completed.
+      // `masked` and `last` are constants at every call site, so the branches fold away.
+      const auto step = [&](int r, bool masked, bool last, auto&& limit_of) {
         const int stage = r % kStages;
         const uint32_t parity = (r / kStages) & 1;
 #ifdef SAGE_SM90_TRACE
@@ -882,9 +882,11 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
         fence_operands(s);
         SAGE_TRACE(blk, 2);
         const float scale[2] = {q_scale[0] * k_scale, q_scale[1] * k_scale};  // the product first, as sage_ref
-        if (masked) {
+        if (last) {
           __syncwarp();
           if (lane == 0) mbar_arrive(&bar.q_empty[cw]);
+        }
+        if (masked) {
           softmax<true, kBiasCvt>(s, scale, limit, m_run, alpha, x);
         } else {
           softmax<false, kBiasCvt>(s, scale, limit, m_run, alpha, x);
@@ -916,7 +918,7 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
       {
         const auto unused = [](int (&limit)[2]) { limit[0] = limit[1] = 0; };
         const int r_last = pos + n_blocks - 1;
-        for (int r = pos; r < r_last; ++r) step(r, false, unused);
+        for (int r = pos; r < r_last; ++r) step(r, false, false, unused);
       }
       // The tile decoded again, from its index hidden from the compiler: the loop then keeps none of
       // the first decoding's values. (Its fields read from the slot here instead, ptxas scheduled the
@@ -936,12 +938,22 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
 #pragma unroll
         for (int i = 0; i < 2; ++i) limit[i] = (kCausal ? min(p.nk - 1, row[i]) : p.nk - 1) - n0 - 2 * quad;
       };
+      // At D = 128, a non-causal last block that lies wholly below Nk (every key block when Nk is a
+      // multiple of 128, and every part of a split tile but the last) takes the unmasked softmax: about
+      // 160 instructions a thread fewer (the compares and selects, the float row maximum). With the two
+      // inlined last steps, one of them taken, ptxas also scheduled the non-causal key loop otherwise:
+      // 1.5-4% faster non-causal, the same outputs (bench/NOTES.md, run m). At D = 64 the same change
+      // put a spill store in the non-causal key loop; those kernels keep the masked last block.
       if constexpr (kDecodeUnderQk) {
-        step(pos + n_blocks - 1, true, decode);
+        if (!kCausal && (field(task.kb0) + n_blocks) * kBlockN <= p.nk) {
+          step(pos + n_blocks - 1, false, true, decode);
+        } else {
+          step(pos + n_blocks - 1, true, true, decode);
+        }
       } else {
         int limit[2];
         decode(limit);
-        step(pos + n_blocks - 1, true, [&](int (&l)[2]) { l[0] = limit[0], l[1] = limit[1]; });
+        step(pos + n_blocks - 1, true, true, [&](int (&l)[2]) { l[0] = limit[0], l[1] = limit[1]; });
       }
       const bool row_ok[2] = {row[0] < p.nq, row[1] < p.nq};
       if (cw == 0 && t == 0) SAGE_CTA_TIME(tile, 4, clock64());

@@ -350,8 +350,8 @@ def test_sass_waits_for_every_wgmma_group(sm90_sass, source):
 def test_sass_score_conversion_by_kernel(sm90_sass, source):
     """The unmasked softmax turns its INT32 scores into floats by an integer add of 1.5 * 2^23's bit
     pattern at head dim 64 (64 VIADD per softmax copy; non-causal 4-7% faster), by I2FP at head dim
-    128 (where the two measured the same). Each kernel holds as many unmasked copies of the softmax
-    (64 scores each) as masked ones, and every masked one converts by I2FP."""
+    128 (where the two measured the same). Each kernel holds one or two unmasked copies of the softmax
+    (64 scores each) and one masked one, which converts by I2FP."""
     for name, code in _kernels(sm90_sass, source).items():
         head_dim = head_dim_of(name)
         adds = sum(bool(re.match(r"VIADD R\d+, R\d+, 0x4b400000$", text)) for _, text in code)
@@ -406,6 +406,19 @@ def test_sass_one_named_barrier_and_output_by_tma(sm90_sass, source):
             assert len(stores) <= 2, f"{name}: {len(stores)} global stores: {stores[:3]}"
         else:  # the LSE's and every partial value of a split tile's part, each stored once
             assert len(stores) == 2 + d_pad // 2 + 4, f"{name}: {len(stores)} global stores: {stores[:3]}"
+
+
+@needs_nvcc
+@pytest.mark.parametrize("source", [p.name for p in SM90_SOURCES])
+def test_sass_whole_last_block_takes_the_unmasked_softmax(sm90_sass, source):
+    """At head dim 128 a non-causal last block that lies wholly below Nk skips the mask (run m:
+    1.5-4% faster): those kernels inline the block's softmax three times (the key loop's, the masked
+    last block's, the unmasked last block's: 64 exp2 each, and 2 for the rescale); the causal and the
+    head-dim-64 ones twice."""
+    for name, code in _kernels(sm90_sass, source).items():
+        exp2 = sum(text.startswith("MUFU.EX2") for _, text in code)
+        softmaxes = 3 if re.search(r"kernelILi128ELb0E", name) else 2
+        assert softmaxes * 66 <= exp2 < (softmaxes + 1) * 64, f"{name}: {exp2} MUFU.EX2"
 
 
 @needs_nvcc
