@@ -92,13 +92,13 @@ def compile_sass() -> dict[str, str]:
     """{source name: SASS} of csrc/sm90, compiled as the compile tests compile it."""
     from tests.cuda_toolchain import compile_nvcc, cuobjdump, nvcc_flags  # noqa: PLC0415
 
+    tool = cuobjdump()
+    assert tool is not None, "no cuobjdump found (CUDA toolkit, PATH or the triton package)"
     sass = {}
     with tempfile.TemporaryDirectory() as tmp:
         for source in SM90_SOURCES:
             cubin = Path(tmp) / f"{source.stem}.cubin"
             compile_nvcc(["-cubin", f"-arch={ARCH}", *nvcc_flags(), str(source), "-o", str(cubin)])
-            tool = cuobjdump()
-            assert tool is not None, "no cuobjdump found (CUDA toolkit, PATH or the triton package)"
             sass[source.name] = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True,
                                                check=True).stdout  # fmt: skip
     return sass

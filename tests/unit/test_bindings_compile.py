@@ -8,19 +8,20 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sysconfig
 from pathlib import Path
 
 import pytest
 
 from sagebuild import matrix as build_matrix
+from tests.cuda_toolchain import NVCC
 
 ROOT = Path(__file__).resolve().parents[2]
 CXX = shutil.which("c++") or shutil.which("g++")
+PACKAGE = build_matrix.load(ROOT / build_matrix.MATRIX_FILE).package("sageattention")
 
 
 def _cuda_include() -> Path | None:
-    from tests.cuda_toolchain import NVCC  # noqa: PLC0415
-
     if NVCC is None:
         return None
     include = Path(NVCC).resolve().parents[1] / "include"
@@ -29,10 +30,9 @@ def _cuda_include() -> Path | None:
 
 def _cases() -> list[tuple[str, Path, dict[str, str], list[str]]]:
     """(extension, bindings source, its macros, include folders) for every extension that compiles one."""
-    package = build_matrix.load(ROOT / build_matrix.MATRIX_FILE).package("sageattention")
-    includes = [str(ROOT / d) for d in package.build.get("include_dirs", [])]
+    includes = [str(ROOT / d) for d in PACKAGE.build.get("include_dirs", [])]
     cases = []
-    for ext in package.extensions:
+    for ext in PACKAGE.extensions:
         for shared in ext.shared:
             if shared.endswith("bindings.cpp"):
                 cases.append((ext.name, ROOT / shared, dict(ext.define), includes))
@@ -69,7 +69,6 @@ def test_bindings_compile_without_warnings(name, source, define, includes):
     cuda_include = _cuda_include()
     if cuda_include is None:
         pytest.skip("no CUDA toolkit headers (cuda_runtime.h next to nvcc)")
-    package = build_matrix.load(ROOT / build_matrix.MATRIX_FILE).package("sageattention")
     args = [
         CXX,
         "-std=c++20",
@@ -78,21 +77,15 @@ def test_bindings_compile_without_warnings(name, source, define, includes):
         "/dev/null",
         "-Wall",
         "-Werror",
-        *package.build.get("cxx_flags", []),
+        *PACKAGE.build.get("cxx_flags", []),
         "-DTORCH_API_INCLUDE_EXTENSION_H",
         f"-DTORCH_EXTENSION_NAME={name.rsplit('.', 1)[-1]}",
         *(f"-D{k}={v}" for k, v in define.items()),
         *(f"-I{d}" for d in [*includes, *torch_ext.include_paths(), str(cuda_include)]),
-        *_python_includes(),
+        f"-I{sysconfig.get_paths()['include']}",
         str(source),
     ]
     proc = subprocess.run(args, capture_output=True, text=True)
     assert proc.returncode == 0, (
         f"{name}: {source.relative_to(ROOT)} does not compile cleanly:\n{proc.stderr[-4000:]}"
     )
-
-
-def _python_includes() -> list[str]:
-    import sysconfig  # noqa: PLC0415
-
-    return [f"-I{sysconfig.get_paths()['include']}"]
