@@ -45,6 +45,7 @@
 
 #include "quant.h"
 #include "quant_common.cuh"
+#include "sage_copy.cuh"
 #include "sage_pdl.cuh"
 
 namespace sage {
@@ -297,16 +298,20 @@ __device__ __forceinline__ void wait_stats(const QuantQkvArgs& a, const QkvGrid&
 
 // (b, hkv) = bh's K mean from its stats items' chunk partials (chunk_partials), chunk 0 first, into
 // stat[D_PAD]: the sum over chunks divided by Nk (IEEE), once they are all in (wait_stats). Stages the
-// partials through `stage` (chunks * D_PAD floats), read from L2 (other CTAs wrote them); ends with
-// __syncthreads.
+// partials through `stage` (chunks * D_PAD floats) by asynchronous copies from L2 (other CTAs wrote
+// them), all of a thread's in flight at once: no registers hold them, so the K block's tile stays in
+// registers beside them. (Loaded into registers one at a time, each a round trip to L2, the copies
+// held the K blocks 8 round trips at n=16384, bench/NOTES.md.) Ends with __syncthreads.
 template <int D_PAD>
 __device__ __forceinline__ void k_mean_of(const QuantQkvArgs& a, const QkvGrid& g, int bh, float* stage, float* stat) {
   const int chunks = g.chunks;
   wait_stats<D_PAD>(a, g, bh);
   const float4* src = reinterpret_cast<const float4*>(chunk_partials<D_PAD>(a, g, bh));
-  float4* dst = reinterpret_cast<float4*>(stage);
+  const uint32_t dst = smem_addr(stage);
 #pragma unroll 1
-  for (int i = threadIdx.x; i < chunks * (D_PAD / 4); i += kThreads) dst[i] = __ldcg(src + i);
+  for (int i = threadIdx.x; i < chunks * (D_PAD / 4); i += kThreads) cp_async_16(dst + 16 * i, src + i, true);
+  cp_async_commit();
+  cp_async_wait<0>();
   __syncthreads();
   if (threadIdx.x < D_PAD) {
     float acc = 0.f;
