@@ -270,18 +270,26 @@ __device__ __forceinline__ T quad_max(T x) {
 }
 
 // Max of row i's scores (i = 0: row `group`, 1: row group + 8) over the quad, in the accumulator
-// layout; four partial maxima keep the dependency chains short.
-template <typename T>
+// layout, in kChains (2 or 4) partial maxima: chain k takes element k % 2 of every (kChains / 2)-th
+// column tile from tile k / 2 on. The values are the same either way; the chains only change the
+// dependencies that ptxas schedules around (see softmax).
+template <int kChains, typename T>
 __device__ __forceinline__ T row_max(const T (&v)[kSRegs], int i) {
-  T mx[4] = {v[2 * i], v[2 * i + 1], v[4 + 2 * i], v[5 + 2 * i]};
+  static_assert(kChains == 2 || kChains == 4, "2 or 4 chains");
+  constexpr int kStep = kChains / 2;  // column tiles per round
+  T mx[kChains];
 #pragma unroll
-  for (int c = 2; c < kSTiles; c += 2) {
-    mx[0] = max2(mx[0], v[4 * c + 2 * i]);
-    mx[1] = max2(mx[1], v[4 * c + 2 * i + 1]);
-    mx[2] = max2(mx[2], v[4 * c + 4 + 2 * i]);
-    mx[3] = max2(mx[3], v[4 * c + 5 + 2 * i]);
+  for (int k = 0; k < kChains; ++k) mx[k] = v[4 * (k / 2) + 2 * i + k % 2];
+#pragma unroll
+  for (int c = kStep; c < kSTiles; c += kStep) {
+#pragma unroll
+    for (int k = 0; k < kChains; ++k) mx[k] = max2(mx[k], v[4 * (c + k / 2) + 2 * i + k % 2]);
   }
-  return quad_max(max2(max2(mx[0], mx[1]), max2(mx[2], mx[3])));
+  if constexpr (kChains == 4) {
+    return quad_max(max2(max2(mx[0], mx[1]), max2(mx[2], mx[3])));
+  } else {
+    return quad_max(max2(mx[0], mx[1]));
+  }
 }
 
 
@@ -310,8 +318,10 @@ __device__ __forceinline__ void issue_pv(float (&pv)[(D + kSumRows) / 2], const 
 // domain). kMask: key 8c + 2 quad + (e & 1) of column tile c is visible iff 8c + (e & 1) <= limit[i]
 // (limit = last visible key - n0 - 2 quad). Updates m_run, sets alpha[i] = exp2(old max - new max)
 // for the output and the row sum, and x = 448 P in the accumulator layout. (The row sum comes from
-// the P·V wgmma, see issue_pv.)
-template <bool kMask, bool kBiasCvt>
+// the P·V wgmma, see issue_pv.) kMaxChains: row_max's chains. ptxas schedules the whole key loop
+// around them; two measured faster in the causal D = 128 kernels (1-2% at n = 2k ... 8k), four in
+// the others (two: 1% slower non-causal; bench/NOTES.md, run n).
+template <bool kMask, bool kBiasCvt, int kMaxChains>
 __device__ __forceinline__ void softmax(const int32_t (&s)[kSRegs], const float (&scale)[2], const int (&limit)[2],
                                         float (&m_run)[2], float (&alpha)[2], float (&x)[kSRegs]) {
   float shift[2];  // log2(448) - the new max
@@ -323,7 +333,7 @@ __device__ __forceinline__ void softmax(const int32_t (&s)[kSRegs], const float 
     // +4% at n=16384, bench/NOTES.md).
     float m_raw;
     if constexpr (!kMask) {
-      m_raw = static_cast<float>(row_max(s, i));
+      m_raw = static_cast<float>(row_max<kMaxChains>(s, i));
     } else {
 #pragma unroll
       for (int c = 0; c < kSTiles; ++c) {
@@ -333,7 +343,7 @@ __device__ __forceinline__ void softmax(const int32_t (&s)[kSRegs], const float 
           x[j] = 8 * c + (e & 1) > limit[i] ? neg_inf() : static_cast<float>(s[j]);  // exact: |s| <= 2^21
         }
       }
-      m_raw = row_max(x, i);
+      m_raw = row_max<kMaxChains>(x, i);
     }
     // Scaled once: max_j round(x_j * scale) = round(max_j x_j * scale) for scale >= 0. A row with
     // every key masked has m_raw = -inf, and -inf * 0 = NaN when its scale is 0: fmaxf drops it.
@@ -607,6 +617,8 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
   // same elsewhere); at D = 64 before the block, as ptxas scheduled the non-causal D = 64 key loop
   // differently with the former and it ran 1.6% slower (bench/NOTES.md).
   constexpr bool kDecodeUnderQk = D == 128;
+  // The softmax's row maxima in two chains in the causal D = 128 kernels, four elsewhere (see softmax).
+  constexpr int kMaxChains = kCausal && D == 128 ? 2 : 4;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + L::kAtom - 1) &
                                              ~static_cast<uintptr_t>(L::kAtom - 1));
@@ -887,9 +899,9 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
           if (lane == 0) mbar_arrive(&bar.q_empty[cw]);
         }
         if (masked) {
-          softmax<true, kBiasCvt>(s, scale, limit, m_run, alpha, x);
+          softmax<true, kBiasCvt, kMaxChains>(s, scale, limit, m_run, alpha, x);
         } else {
-          softmax<false, kBiasCvt>(s, scale, limit, m_run, alpha, x);
+          softmax<false, kBiasCvt, kMaxChains>(s, scale, limit, m_run, alpha, x);
         }
         pack_p(x, pa);
         SAGE_TRACE(blk, 3);
