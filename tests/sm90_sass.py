@@ -23,11 +23,27 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tests.cuda_toolchain import NO_NVCC, NVCC, compile_nvcc, cuobjdump, nvcc_flags
+
 ROOT = Path(__file__).resolve().parents[1]
 SM90_SOURCES = sorted((ROOT / "csrc" / "sm90").glob("*.cu"))
 ARCH = "sm_90a"
 KEY_LOOPS = ROOT / "csrc" / "sm90" / "key_loops.json"
 SASS_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+GUARD = re.compile(r"^@!?U?P\w+\s+")  # an instruction's guard predicate (@P0, @!UP1, ...)
+
+
+def compile_cubin(source: Path, cubin: Path, *extra: str) -> str:
+    """nvcc's log of compiling `source` into an sm_90a cubin with the package's flags (`extra` before
+    them, e.g. -Xptxas -v)."""
+    return compile_nvcc(["-cubin", f"-arch={ARCH}", *extra, *nvcc_flags(), str(source), "-o", str(cubin)])
+
+
+def disassemble(tool: str, cubin: Path) -> str:
+    """The SASS text of a cubin (`tool`: a cuobjdump)."""
+    proc = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
 
 
 def sass_functions(sass: str) -> dict[str, list[tuple[int, str]]]:
@@ -65,7 +81,7 @@ def kernel_label(name: str) -> str:
 def loop_record(code: list[tuple[int, str]]) -> dict[str, object]:
     """A key loop's length and the SHA-256 of its opcodes in order (guard predicates, operands and
     addresses dropped), one per line."""
-    opcodes = [re.sub(r"^@!?U?P\w+\s+", "", text).split(" ", 1)[0] for _, text in key_loop(code)]
+    opcodes = [GUARD.sub("", text).split(" ", 1)[0] for _, text in key_loop(code)]
     return {
         "instructions": len(opcodes),
         "opcodes_sha256": hashlib.sha256("\n".join(opcodes).encode()).hexdigest(),
@@ -90,25 +106,20 @@ def nvcc_release(nvcc: str) -> str:
 
 def compile_sass() -> dict[str, str]:
     """{source name: SASS} of csrc/sm90, compiled as the compile tests compile it."""
-    from tests.cuda_toolchain import compile_nvcc, cuobjdump, nvcc_flags  # noqa: PLC0415
-
     tool = cuobjdump()
     assert tool is not None, "no cuobjdump found (CUDA toolkit, PATH or the triton package)"
     sass = {}
     with tempfile.TemporaryDirectory() as tmp:
         for source in SM90_SOURCES:
             cubin = Path(tmp) / f"{source.stem}.cubin"
-            compile_nvcc(["-cubin", f"-arch={ARCH}", *nvcc_flags(), str(source), "-o", str(cubin)])
-            sass[source.name] = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True,
-                                               check=True).stdout  # fmt: skip
+            compile_cubin(source, cubin)
+            sass[source.name] = disassemble(tool, cubin)
     return sass
 
 
 def main(argv: list[str]) -> int:
-    from tests.cuda_toolchain import NVCC  # noqa: PLC0415
-
     if NVCC is None:
-        print("nvcc not found (CUDA_HOME, /usr/local/cuda, PATH)", file=sys.stderr)
+        print(NO_NVCC, file=sys.stderr)
         return 1
     current = {"nvcc": nvcc_release(NVCC), "kernels": key_loops(compile_sass())}
     if argv == ["--write"]:

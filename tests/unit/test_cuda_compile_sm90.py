@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -39,7 +38,18 @@ import torch
 
 from sageattention.reference import permute_keys_sm90
 from tests.cuda_toolchain import NO_NVCC, NVCC, compile_nvcc, cuobjdump, gpu_codes, nvcc_flags
-from tests.sm90_sass import ARCH, KEY_LOOPS, SM90_SOURCES, key_loop, key_loops, nvcc_release, sass_functions
+from tests.sm90_sass import (
+    ARCH,
+    GUARD,
+    KEY_LOOPS,
+    SM90_SOURCES,
+    compile_cubin,
+    disassemble,
+    key_loop,
+    key_loops,
+    nvcc_release,
+    sass_functions,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 # Per head dim: (registers per thread at launch, 65536 / threads in units of 8; the consumers'
@@ -88,15 +98,14 @@ def test_there_are_sm90_kernels():
 def sm90_builds(tmp_path_factory):
     """{source name: (ptxas log, cubin path, ptx text)}, compiled once for the module."""
     if NVCC is None:
-        pytest.skip("nvcc not found (CUDA_HOME, /usr/local/cuda, PATH)")
+        pytest.skip(NO_NVCC)
     if ARCH.rstrip("a") not in gpu_codes():  # --list-gpu-code names sm_90, not sm_90a
         pytest.skip(f"this nvcc cannot target {ARCH}")
     out = tmp_path_factory.mktemp("sm90")
     builds = {}
     for source in SM90_SOURCES:
         cubin, ptx = out / f"{source.stem}.cubin", out / f"{source.stem}.ptx"
-        args = ["-cubin", f"-arch={ARCH}", "-Xptxas", "-v", *nvcc_flags(), str(source), "-o", str(cubin)]
-        log = compile_nvcc(args)
+        log = compile_cubin(source, cubin, "-Xptxas", "-v")
         compile_nvcc(["-ptx", f"-arch={ARCH}", *nvcc_flags(), str(source), "-o", str(ptx)])
         builds[source.name] = (log, cubin, ptx.read_text())
     return builds
@@ -158,17 +167,12 @@ def sm90_sass(sm90_builds):
     tool = cuobjdump()
     if tool is None:
         pytest.skip("no cuobjdump found (CUDA toolkit, PATH or the triton package)")
-    sass = {}
-    for source, (_, cubin, _) in sm90_builds.items():
-        proc = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True)
-        assert proc.returncode == 0, proc.stderr
-        sass[source] = proc.stdout
-    return sass
+    return {source: disassemble(tool, cubin) for source, (_, cubin, _) in sm90_builds.items()}
 
 
 def _split(text: str) -> tuple[str, list[str]]:
     """(opcode, operands) of one instruction, its guard predicate (@P0) dropped."""
-    text = re.sub(r"^@!?U?P\w+\s+", "", text)
+    text = GUARD.sub("", text)
     opcode, _, rest = text.partition(" ")
     operands, depth, current = [], 0, ""
     for ch in rest:
