@@ -39,6 +39,7 @@
 
 #include <cstdint>
 
+#include "sage_attn_common.cuh"
 #include "sage_attn_mma.h"
 #include "sage_copy.cuh"
 #include "sage_mma.cuh"
@@ -54,22 +55,6 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kSTiles = kBlockN / 8;  // n8 score tiles per key block
 constexpr int kSmemRowPad = 16;       // bytes; see the bank-conflict note above
 constexpr int kChunk = 16;            // bytes per cp.async / ldmatrix row
-constexpr float kLn2 = 0.6931471805599453f;
-
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-
-template <typename T>
-struct OutPair;
-template <>
-struct OutPair<__half> {
-  using type = __half2;
-  static __device__ __forceinline__ type make(float a, float b) { return __floats2half2_rn(a, b); }
-};
-template <>
-struct OutPair<__nv_bfloat16> {
-  using type = __nv_bfloat162;
-  static __device__ __forceinline__ type make(float a, float b) { return __floats2bfloat162_rn(a, b); }
-};
 
 __device__ __forceinline__ uint32_t load_u32_or_zero(const int8_t* p, bool valid) {
   return valid ? __ldg(reinterpret_cast<const uint32_t*>(p)) : 0u;

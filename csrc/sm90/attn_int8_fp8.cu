@@ -111,6 +111,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "sage_attn_common.cuh"
 #include "sage_copy.cuh"
 #include "sage_mbarrier.cuh"
 #include "sage_pdl.cuh"
@@ -134,7 +135,6 @@ constexpr int kSRegs = kBlockN / 2;                        // 64 score registers
 constexpr int kPSteps = kBlockN / kWgmmaK;                 // 4 P·V wgmmas (k32) per block
 constexpr int kSumRows = 8;                                // Vᵀ rows of ones: one 8-row group of the wgmma N
 [[maybe_unused]] constexpr uint32_t kE4m3One4 = 0x38383838u;  // four e4m3 1.0
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kCvtBias = 12582912.0f;                   // 1.5 * 2^23
 constexpr int32_t kCvtBiasBits = 0x4B400000;               // its bits; + s: float kCvtBias + s (|s| < 2^22)
 constexpr float kLog2Fp8Max = 8.807354922057604f;          // log2(448): exp2(x + this) = 448 exp2(x)
@@ -228,19 +228,6 @@ struct Smem {
   static constexpr uint32_t kVGroupBytes = 8 * kBlockN;
 };
 
-template <typename T>
-struct OutPair;
-template <>
-struct OutPair<__half> {
-  using type = __half2;
-  static __device__ __forceinline__ type make(float a, float b) { return __floats2half2_rn(a, b); }
-};
-template <>
-struct OutPair<__nv_bfloat16> {
-  using type = __nv_bfloat162;
-  static __device__ __forceinline__ type make(float a, float b) { return __floats2bfloat162_rn(a, b); }
-};
-
 // The shared-memory address of a generic pointer into shared memory, converted where it is used (derived
 // from the kernel's own shared base instead, ptxas moved that base out of the key loop's uniform
 // registers: 2-10 instructions more a block).
@@ -249,8 +236,6 @@ __device__ __forceinline__ uint32_t shared_addr(const void* p) {
   asm volatile("{\n.reg .u64 g;\ncvta.to.shared.u64 g, %1;\ncvt.u32.u64 %0, g;\n}" : "=r"(a) : "l"(p));
   return a;
 }
-
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
 // One MUFU.EX2: exp2f without its range handling (what --use_fast_math gives, spelled out so the
 // build flags cannot change it). ftz: results below 2^-126 are 0, far below e4m3's smallest 2^-9.

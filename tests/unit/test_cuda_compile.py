@@ -166,6 +166,20 @@ def test_sm89_kernels_use_the_same_main_loop_as_sm80():
         assert "__global__" not in text, f"{source.name} defines its own kernel"
 
 
+def test_attention_kernels_share_one_copy_of_their_common_pieces():
+    """ln 2, neg_inf and OutPair live in csrc/include/sage_attn_common.cuh alone; the mma.sync kernel
+    and the sm_90a kernel include it instead of each defining them."""
+    common = ROOT / "csrc" / "include" / "sage_attn_common.cuh"
+    definitions = (r"constexpr float kLn2\b", r"float neg_inf\(\)", r"struct OutPair\b")
+    for source in sorted((ROOT / "csrc").rglob("*.cu*")):
+        text = source.read_text()
+        for pattern in definitions:
+            found = re.search(pattern, text) is not None
+            assert found == (source == common), f"{source.relative_to(ROOT)}: {pattern}"
+    for user in ("include/sage_attn_mma.cuh", "sm90/attn_int8_fp8.cu"):
+        assert '#include "sage_attn_common.cuh"' in (ROOT / "csrc" / user).read_text(), user
+
+
 def test_fused_quantization_stages_k_partials_by_async_copies(tmp_path):
     """The K blocks of quant_qkv.cu copy their head's chunk partials to shared memory by cp.async, all
     of a thread's copies in flight at once (loaded one L2 round trip at a time into registers, the
