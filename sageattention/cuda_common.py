@@ -10,7 +10,7 @@ import torch
 from . import cuda_ops  # noqa: F401  (registers the fake implementations, for torch.compile)
 from . import ops as _ops
 
-__all__ = ["d_pad", "check_qkv", "load_extensions"]
+__all__ = ["d_pad", "check_qkv", "load_extensions", "start_call"]
 
 
 def d_pad(head_dim: int) -> int:
@@ -43,3 +43,17 @@ def load_extensions(arch: str) -> None:
         loaded, reason = _ops._import_extension(module)
         if loaded is None:
             raise RuntimeError(f"sageattention.{module} is not available: {reason}")
+
+
+def start_call(arch: str, q, k, v, *, check: bool, pv_accum: str | None = None, pv_accums: tuple = ()):
+    """What every launcher does first: the input checks (unless ``check`` is False: the caller has made
+    them), ``pv_accum`` checked against the arch family's ``pv_accums`` (ValueError naming the valid
+    values; None for a family without the choice), then the extensions loaded (RuntimeError saying why
+    one is not available)."""
+    if check:
+        check_qkv(q, k, v)
+    if pv_accum is not None and pv_accum not in pv_accums:
+        raise ValueError(
+            f"pv_accum={pv_accum!r} is not supported by the {arch} kernel; valid values: {pv_accums}"
+        )
+    load_extensions(arch)

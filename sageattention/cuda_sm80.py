@@ -55,13 +55,7 @@ def attention_sm80(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool,
     (natural log, including the smooth-K correction) or None. ``check=False`` skips the input checks
     (cuda_common.check_qkv) for a caller that has made them already (sageattention's entry points).
     """
-    if check:
-        cuda_common.check_qkv(q, k, v)
-    if pv_accum not in PV_ACCUMS:
-        raise ValueError(
-            f"pv_accum={pv_accum!r} is not supported by the sm80 kernel; valid values: {PV_ACCUMS}"
-        )
-    cuda_common.load_extensions("sm80")
+    cuda_common.start_call("sm80", q, k, v, check=check, pv_accum=pv_accum, pv_accums=PV_ACCUMS)
     qq, q_scale, kq, k_scale, kr, corr = quantize_qk(
         q, k, sm_scale=sm_scale, smooth_k=smooth_k, return_lse=return_lse, residual=True
     )

@@ -61,13 +61,7 @@ def attention_sm89(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool,
     (natural log, including the smooth-K correction) or None. ``check=False`` skips the input checks
     (cuda_common.check_qkv) for a caller that has made them already (sageattention's entry points).
     """
-    if check:
-        cuda_common.check_qkv(q, k, v)
-    if pv_accum not in PV_ACCUMS:
-        raise ValueError(
-            f"pv_accum={pv_accum!r} is not supported by the sm89 kernel; valid values: {PV_ACCUMS}"
-        )
-    cuda_common.load_extensions("sm89")
+    cuda_common.start_call("sm89", q, k, v, check=check, pv_accum=pv_accum, pv_accums=PV_ACCUMS)
     if pv_accum == "fp32+fp16" and not fp16_accum_available():
         raise RuntimeError(
             "pv_accum='fp32+fp16' is not available: sageattention._qattn_sm89 was built with a CUDA older "

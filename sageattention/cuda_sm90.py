@@ -50,9 +50,7 @@ def attention_sm90(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool,
     (natural log, including the smooth-K correction) or None. ``check=False`` skips the input checks
     (cuda_common.check_qkv) for a caller that has made them already (sageattention's entry points).
     """
-    if check:
-        cuda_common.check_qkv(q, k, v)
-    cuda_common.load_extensions("sm90")
+    cuda_common.start_call("sm90", q, k, v, check=check)
     scale_mul = sm_scale * LOG2E / INT8_MAX
     out_nhd = q.stride(1) < q.stride(2)  # NHD memory in, NHD memory out
     d_pad = cuda_common.d_pad(q.shape[-1])

@@ -358,3 +358,22 @@ def test_checks_run_before_the_backend_is_looked_up():
     q, k, v = qkv()
     with pytest.raises(ValueError, match="tensor_layout"):
         sa.sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, tensor_layout="XYZ")
+
+
+@pytest.mark.parametrize("arch", ["sm80", "sm89"])
+def test_launchers_check_pv_accum_before_loading_their_extensions(arch):
+    """The compiled launchers name a bad pv_accum and the family's valid values; with a valid one they
+    go on to the extensions (not built here: RuntimeError saying which)."""
+    from sageattention import cuda_sm80, cuda_sm89
+
+    launcher = {"sm80": cuda_sm80.attention_sm80, "sm89": cuda_sm89.attention_sm89}[arch]
+    accums = {"sm80": cuda_sm80.PV_ACCUMS, "sm89": cuda_sm89.PV_ACCUMS}[arch]
+    q, k, v = qkv()
+    flags = {"is_causal": False, "sm_scale": 0.25, "smooth_k": True, "return_lse": False}
+    bad = rf"pv_accum='fp8' is not supported by the {arch} kernel; valid values"
+    with pytest.raises(ValueError, match=bad):
+        launcher(q, k, v, pv_accum="fp8", **flags)
+    with pytest.raises(RuntimeError, match="is not available"):
+        launcher(q, k, v, pv_accum=accums[0], **flags)
+    with pytest.raises(ValueError, match="head dim"):
+        launcher(q[..., :3], k[..., :3], v[..., :3], pv_accum=accums[0], **flags)
