@@ -377,3 +377,16 @@ def test_launchers_check_pv_accum_before_loading_their_extensions(arch):
         launcher(q, k, v, pv_accum=accums[0], **flags)
     with pytest.raises(ValueError, match="head dim"):
         launcher(q[..., :3], k[..., :3], v[..., :3], pv_accum=accums[0], **flags)
+
+
+def test_sm90_launcher_checks_its_inputs_before_loading_its_extensions():
+    """The sm_90a launcher has no pv_accum choice: its inputs are checked, then the extensions loaded
+    (not built here: RuntimeError saying which)."""
+    from sageattention import cuda_sm90
+
+    q, k, v = qkv()
+    flags = {"is_causal": False, "sm_scale": 0.25, "smooth_k": True, "return_lse": False}
+    with pytest.raises(RuntimeError, match="is not available"):
+        cuda_sm90.attention_sm90(q, k, v, **flags)
+    with pytest.raises(ValueError, match="head dim"):
+        cuda_sm90.attention_sm90(q[..., :3], k[..., :3], v[..., :3], **flags)
