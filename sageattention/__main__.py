@@ -26,18 +26,8 @@ def _triton_info() -> dict:
     return {"version": getattr(triton, "__version__", "unknown"), "reason": None}
 
 
-def _build_info() -> dict:
-    """What the build compiled, for which archs (written into the wheel by setup.py); {} from source."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_build_info.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return {}
-
-
 def _extensions_info() -> dict:
-    built_archs = _build_info().get("extensions", {})
+    built_archs = ops.build_info().get("extensions", {})
     modules = [(arch, name) for arch, name in ops.COMPILED_EXTENSIONS.items()]
     modules.append(("quantization", ops.FUSED_EXTENSION))
     info = {}

@@ -272,8 +272,8 @@ _PARAM_DOCS = {
     "tensor_layout": ("str", 'Layout of q, k, v and of the output: "HND" or "NHD".'),
     "quantization_backend": (
         "str",
-        'Which kernels quantize Q and K: "triton" or "cuda". Accepted for compatibility: the Triton '
-        "path always quantizes with its own fused Triton kernels.",
+        'Which kernels quantize Q and K: "triton" (the fused Triton kernels) or "cuda" (the compiled '
+        "fused quantization ops, the same bits; RuntimeError where they are not built for this GPU).",
     ),
     "is_causal": (
         "bool",
@@ -328,7 +328,8 @@ _PARAM_DOCS = {
     "kwargs": (
         "",
         "Options by name: {options}. They are the parameters of the named variants; a backend ignores "
-        "those it has no use for. Any other name raises TypeError.",
+        "those it has no use for (attn_mask aside: a named CUDA variant given one raises RuntimeError). "
+        "Any other name raises TypeError.",
     ),
 }
 _VARLEN_PARAM_DOCS = {
@@ -349,6 +350,16 @@ _VARLEN_PARAM_DOCS = {
         "Causal masking within each sequence, aligned at its top-left corner: query i of a sequence sees "
         "its keys j <= i.",
     ),
+    "smooth_k": (
+        "bool",
+        "Subtract the mean of K over each sequence's tokens (per head) before quantizing. Softmax is "
+        "unchanged by it and the INT8 error shrinks when K has a per-channel offset.",
+    ),
+    "kwargs": (
+        "",
+        "Options by name: {options}. They are the parameters of the named variants; a backend ignores "
+        "those it has no use for. Any other name raises TypeError.",
+    ),
 }
 
 _DENSE_RETURNS = """\
@@ -365,9 +376,12 @@ Returns
 out : torch.Tensor
     The attention output, dtype of q, shape [total_q, q_heads, head_dim]."""
 
-_COMMON_NOTES = """\
+_EMPTY_ROW_NOTE = """\
 A query row with no visible key (possible only with attn_mask) gives an output of 0 and an LSE
-of -inf, as torch SDPA does. NaN in the inputs is not checked for; it propagates.
+of -inf, as torch SDPA does."""
+
+_COMMON_NOTES = """\
+NaN in the inputs is not checked for; it propagates.
 
 Raises TypeError for a wrong type or dtype (float32 inputs included: convert with .half() or
 .bfloat16()) and ValueError for a wrong shape, layout, device or value; the message names the
@@ -393,8 +407,8 @@ SageAttention through the compiled sm80 kernels: INT8 Q·K, FP16 P·V (sm80 and 
 Q is INT8 per token; K (smoothed) is two INT8 digits per block of 64 keys, K ~ scale * (k1 + k2 / 254),
 whose product with Q is exact in INT32; P·V multiplies FP16 P by FP16 V (bf16 V is converted).""",
     "sageattn_qk_int8_pv_fp8_cuda": """\
-SageAttention through the compiled sm89 kernels: INT8 Q·K, FP8 P·V (sm89, sm100, sm120, sm121; the
-mma.sync kernels also run on sm90).
+SageAttention through the compiled sm89 kernels: INT8 Q·K, FP8 P·V (sm89, sm120, and sm100 in a wheel
+built with 10.0a; the mma.sync kernels also run on sm90).
 
 Q is INT8 per token, K (smoothed) INT8 per block of 64 keys; P (scaled by 448) and V (per channel)
 are FP8 e4m3.""",
@@ -408,7 +422,10 @@ torch SDPA runs one sequence at a time, reading cu_seqlens on the host.""",
 }
 
 _NEEDS = "Raises RuntimeError where it cannot run ({what}); sageattn() picks what can."
-_NOT_BUILT = "Raises RuntimeError while the compiled kernels are not built in this installation."
+_NOT_BUILT = (
+    "Raises RuntimeError while the compiled kernels are not built in this installation, or hold no code "
+    "for this GPU."
+)
 _EXTRA_NOTES = {
     "sageattn": """\
 Named variants' options (qk_quant_gran, pv_accum_dtype, smooth_k, smooth_v,
@@ -456,7 +473,7 @@ _CHOICES = {
         "into the running FP32 output)"
     ),
     ("sageattn_qk_int8_pv_fp8_cuda_sm90", "pv_accum_dtype"): ", ".join(f'"{a}"' for a in _SM90_CUDA_ACCUMS)
-    + _ACCUM_MEANING,
+    + " (each block of 128 keys in fresh FP32 accumulators, added into the FP32 output)",
 }
 
 
@@ -492,7 +509,8 @@ def _document(fn) -> None:
             default = "" if param.default is param.empty else f", default {param.default!r}"
             header = f"{key} : {kind}{default}"
         params.append(header + "\n" + _indent(_wrap(text)))
-    notes = "\n\n".join(part for part in (_EXTRA_NOTES[name], _COMMON_NOTES) if part)
+    empty_row = None if varlen else _EMPTY_ROW_NOTE  # varlen has neither attn_mask nor an LSE
+    notes = "\n\n".join(part for part in (_EXTRA_NOTES[name], empty_row, _COMMON_NOTES) if part)
     fn.__doc__ = "\n\n".join(
         (
             _SUMMARIES[name],

@@ -59,6 +59,8 @@ class Backend:
     exact_capability: Capability = None  # kernels for one arch only (sm90's wgmma)
     masks: bool = False
     compiled: bool = False  # a compiled extension (its absence reads "not built")
+    #: why the installed build holds no code for a GPU of this capability (None: it does)
+    no_image: Callable[[tuple], str | None] = lambda capability: None
 
     def cannot_run(self, req: Request) -> str | None:
         """Why this backend cannot run the request (device, shape, options), or None."""
@@ -82,8 +84,11 @@ class Backend:
         return None
 
     def why_not(self, req: Request) -> str | None:
-        """cannot_run, then availability."""
-        return self.cannot_run(req) or self.unavailable()
+        """cannot_run, then availability, then whether the build holds code for this GPU."""
+        why = self.cannot_run(req) or self.unavailable()
+        if why is None and req.capability is not None:
+            why = self.no_image(req.capability)
+        return why
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,10 @@ def _cuda(arch: str) -> Callable[[], str | None]:
     return lambda: ops.cuda_unavailable_reason(arch)
 
 
+def _cuda_image(arch: str) -> Callable[[tuple], str | None]:
+    return lambda capability: ops.cuda_image_missing_reason(arch, capability)
+
+
 def _triton() -> str | None:
     return ops.triton_unavailable_reason()
 
@@ -137,14 +146,15 @@ def _cuda_dense(arch: str) -> Callable:
 CUDA_SM90 = Backend(
     "cuda_sm90", "CUDA sm90 kernel (INT8 QK, FP8 PV, wgmma)", PVDtype.FP8, _cuda_dense("sm90"), None,
     _cuda("sm90"), min_capability=(9, 0), exact_capability=(9, 0), compiled=True,
+    no_image=_cuda_image("sm90"),
 )  # fmt: skip
 CUDA_SM89 = Backend(
     "cuda_sm89", "CUDA sm89 kernel (INT8 QK, FP8 PV, mma.sync)", PVDtype.FP8, _cuda_dense("sm89"), None,
-    _cuda("sm89"), min_capability=(8, 9), compiled=True,
+    _cuda("sm89"), min_capability=(8, 9), compiled=True, no_image=_cuda_image("sm89"),
 )  # fmt: skip
 CUDA_SM80 = Backend(
     "cuda_sm80", "CUDA sm80 kernel (INT8 QK with two-level K, FP16 PV)", PVDtype.FP16, _cuda_dense("sm80"),
-    None, _cuda("sm80"), min_capability=(8, 0), compiled=True,
+    None, _cuda("sm80"), min_capability=(8, 0), compiled=True, no_image=_cuda_image("sm80"),
 )  # fmt: skip
 TRITON_FP8 = Backend(
     "triton_fp8", "Triton (INT8 QK, FP8 PV)", PVDtype.FP8, ops.triton_attention, ops.triton_varlen,

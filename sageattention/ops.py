@@ -8,7 +8,8 @@
   directly: a custom-op call costs tens of microseconds of Python, which is measurable at short
   sequence lengths.
 * Compiled CUDA extensions (``sageattention._qattn_sm80/_sm89/_sm90``): looked up with importlib;
-  the reason they are missing is kept.
+  the reason they are missing is kept. The wheel's record of the archs each one holds code for
+  (``_build_info.json``) tells whether it runs on a given GPU (one without code is passed over).
 * torch SDPA: the fallback, with SageAttention's semantics (layouts, GQA, masks together with
   ``is_causal``, fully masked rows give 0, LSE on request).
 """
@@ -16,7 +17,10 @@
 from __future__ import annotations
 
 import importlib
+import json
 import math
+import os
+import re
 import warnings
 from types import ModuleType
 
@@ -39,6 +43,7 @@ _PV_BY_VALUE = {member.value: member for member in PVDtype}
 
 _triton: list = []  # [module or None, reason or None], filled on first use
 _extensions: dict[str, tuple[ModuleType | None, str | None]] = {}
+_build_record: list = []  # [dict], filled on first use
 
 
 # --------------------------------------------------------------------------------------------------
@@ -76,6 +81,55 @@ def _import_extension(module: str) -> tuple[ModuleType | None, str | None]:
 def extension_status(arch: str) -> tuple[ModuleType | None, str | None]:
     """(module, None) when ``sageattention._qattn_<arch>`` imports, else (None, why not)."""
     return _import_extension(COMPILED_EXTENSIONS[arch])
+
+
+def build_info() -> dict:
+    """What the build compiled, for which archs (``_build_info.json``, written into the wheel by
+    setup.py): ``{"extensions": {"sageattention._qattn_sm89": ["8.9", ...], ...}, ...}``; {} where the
+    installation has no such record (a source tree)."""
+    if not _build_record:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_build_info.json")
+        try:
+            with open(path, encoding="utf-8") as f:
+                _build_record.append(json.load(f))
+        except (OSError, ValueError):
+            _build_record.append({})
+    return _build_record[0]
+
+
+def sass_runs_on(arch: str, capability: tuple) -> bool:
+    """Whether SASS built for ``arch`` ("8.6", "9.0a", "10.0f") loads on a GPU of compute capability
+    ``capability``: one of the same major and at least its minor; an arch-specific build ("a") only
+    on that very arch. (The builds embed SASS alone, no PTX.) An arch of another form counts as
+    runnable: the driver decides."""
+    match = re.fullmatch(r"(\d+)\.(\d+)([af]?)", arch)
+    if match is None:
+        return True
+    major, minor = int(match[1]), int(match[2])
+    if match[3] == "a":
+        return tuple(capability) == (major, minor)
+    return capability[0] == major and capability[1] >= minor
+
+
+def kernel_image_missing_reason(module: str, capability: tuple) -> str | None:
+    """Why ``sageattention.<module>`` holds no code for a GPU of ``capability`` (None: it holds some,
+    or the build left no record of its archs)."""
+    archs = build_info().get("extensions", {}).get(f"sageattention.{module}")
+    if not archs or any(sass_runs_on(arch, capability) for arch in archs):
+        return None
+    gpu = f"{capability[0]}.{capability[1]}"
+    return (
+        f"sageattention.{module} holds no code for this GPU ({gpu}; built for {', '.join(archs)}); a build "
+        f"with {gpu} (or {gpu}a) in TORCH_CUDA_ARCH_LIST has it"
+    )
+
+
+def cuda_image_missing_reason(arch: str, capability: tuple) -> str | None:
+    """Why an arch family's kernels, or the fused quantization ops they read, hold no code for a GPU
+    of ``capability`` (None: both do, as far as the build's record tells)."""
+    return kernel_image_missing_reason(COMPILED_EXTENSIONS[arch], capability) or kernel_image_missing_reason(
+        FUSED_EXTENSION, capability
+    )
 
 
 def fused_quant_unavailable_reason() -> str | None:
@@ -266,8 +320,14 @@ def triton_attention(q, k, v, *, attn_mask, is_causal, sm_scale, return_lse, smo
     ops (same arithmetic as the Triton quantization kernels, bit for bit) and needs them built.
     """
     quant_backend = options.get("quantization_backend", "triton")
-    if quant_backend == "cuda" and (reason := fused_quant_unavailable_reason()) is not None:
-        raise RuntimeError(f"quantization_backend='cuda' needs the compiled quantization kernels: {reason}")
+    if quant_backend == "cuda":
+        reason = fused_quant_unavailable_reason()
+        if reason is None and q.is_cuda and not torch.compiler.is_compiling():
+            reason = kernel_image_missing_reason(FUSED_EXTENSION, torch.cuda.get_device_capability(q.device))
+        if reason is not None:
+            raise RuntimeError(
+                f"quantization_backend='cuda' needs the compiled quantization kernels: {reason}"
+            )
     if torch.compiler.is_compiling():
         out, lse = torch.ops.sageattention.triton_attn(
             q, k, v, attn_mask, is_causal, sm_scale, pv.value, smooth_k, return_lse, quant_backend

@@ -16,14 +16,18 @@ BF16 = torch.bfloat16
 
 @pytest.fixture
 def built(monkeypatch):
-    """Pretend builds: built(cuda={"sm90"}, triton=True) makes those available."""
+    """Pretend builds: built(cuda={"sm90"}, triton=True) makes those available; ``archs`` is the build's
+    record of the archs each compiled module holds code for (_build_info.json's "extensions"; none by
+    default, as in a source tree)."""
 
-    def configure(cuda=(), triton=True):
+    def configure(cuda=(), triton=True, archs=None):
         cuda = set(cuda)
         monkeypatch.setattr(
             ops, "cuda_unavailable_reason", lambda arch: None if arch in cuda else f"{arch} not built"
         )
         monkeypatch.setattr(ops, "triton_unavailable_reason", lambda: None if triton else "no triton")
+        record = {"extensions": {f"sageattention.{m}": a for m, a in (archs or {}).items()}} if archs else {}
+        monkeypatch.setattr(ops, "_build_record", [record])
 
     configure()
     return configure
@@ -103,6 +107,83 @@ def test_fallback_reason_names_each_missing_backend(built):
     built(cuda=(), triton=False)
     _, reasons = dispatch.decide(req((9, 0)))
     assert reasons == ["sm90 not built (cuda_sm90)", "no triton (triton_fp8, triton_fp16)"]
+
+
+@pytest.mark.parametrize(
+    "arch,capability,runs",
+    [
+        ("8.0", (8, 0), True),
+        ("8.0", (8, 6), True),  # SASS runs on a later minor of its major
+        ("8.6", (8, 0), False),
+        ("8.9", (9, 0), False),  # not on another major
+        ("9.0a", (9, 0), True),
+        ("12.0a", (12, 1), False),  # an arch-specific build runs on its own arch only
+        ("10.0f", (10, 3), True),  # a family build: the family's later minors
+        ("10.0f", (12, 0), False),
+        ("sm_90", (8, 0), True),  # a form the record should not hold: the driver decides
+    ],
+)
+def test_sass_runs_on(arch, capability, runs):
+    assert ops.sass_runs_on(arch, capability) is runs
+
+
+#: The default build's record (build-matrix.yaml, archs 8.0 8.6 8.9 9.0a 12.0a; 10.0a is optional).
+DEFAULT_ARCHS = {
+    "_fused": ["8.0", "8.6", "8.9", "9.0a", "12.0a"],
+    "_qattn_sm80": ["8.0", "8.6", "8.9", "9.0a", "12.0a"],
+    "_qattn_sm89": ["8.9", "9.0a", "12.0a"],
+    "_qattn_sm90": ["9.0a"],
+}
+
+
+@pytest.mark.parametrize(
+    "capability,expected",
+    [((9, 0), "cuda_sm90"), ((8, 9), "cuda_sm89"), ((12, 0), "cuda_sm89"), ((10, 0), "triton_fp8"),
+     ((12, 1), "triton_fp8"), ((8, 6), "cuda_sm80"), ((8, 7), "cuda_sm80")],
+)  # fmt: skip
+def test_a_build_without_code_for_the_gpu_is_passed_over(built, capability, expected):
+    """A compiled module that imports but holds no SASS for the GPU (a default wheel on a B200, say)
+    is not picked: its launch would fail with "no kernel image"."""
+    built(cuda=ALL_CUDA, archs=DEFAULT_ARCHS)
+    assert chosen(req(capability)) == expected
+
+
+def test_the_reason_names_the_gpu_and_the_build_archs(built):
+    built(cuda=ALL_CUDA, triton=False, archs=DEFAULT_ARCHS)
+    entry, reasons = dispatch.decide(req((10, 0)))
+    assert entry.backend is dispatch.SDPA
+    assert reasons[0] == (
+        "sageattention._qattn_sm89 holds no code for this GPU (10.0; built for 8.9, 9.0a, 12.0a); "
+        "a build with 10.0 (or 10.0a) in TORCH_CUDA_ARCH_LIST has it (cuda_sm89)"
+    )
+
+
+def test_the_fused_quantization_needs_code_for_the_gpu_too(built):
+    """The kernels read what the fused quantization ops write: both need code for the GPU."""
+    built(cuda=ALL_CUDA, archs={**DEFAULT_ARCHS, "_qattn_sm89": ["8.9", "10.0a"]})
+    _, reasons = dispatch.decide(req((10, 0)))
+    assert reasons[0].startswith("sageattention._fused holds no code for this GPU (10.0;"), reasons
+    built(cuda=ALL_CUDA, archs={**DEFAULT_ARCHS, "_qattn_sm89": ["8.9", "10.0a"], "_fused": ["8.9", "10.0a"]})
+    assert chosen(req((10, 0))) == "cuda_sm89"
+
+
+def test_forced_variant_without_code_for_the_gpu(built, monkeypatch):
+    built(cuda=ALL_CUDA, archs=DEFAULT_ARCHS)
+    monkeypatch.setattr(dispatch, "device_capability", lambda t, i: (10, 0))
+    with pytest.raises(
+        RuntimeError, match=r"cannot run here \(cuda_sm89: sageattention._qattn_sm89 holds no code"
+    ):
+        dispatch.select(
+            "cuda", 0, BF16, 128, False, False, False, "cuda_sm89", "sageattn_qk_int8_pv_fp8_cuda"
+        )
+
+
+def test_build_record_is_read_from_the_package(monkeypatch, tmp_path):
+    """ops.build_info reads _build_info.json beside the package's modules; none there (a source tree):
+    no record, and nothing is passed over for want of one."""
+    monkeypatch.setattr(ops, "_build_record", [])
+    assert ops.build_info() == {}
+    assert ops.cuda_image_missing_reason("sm89", (10, 0)) is None
 
 
 def test_real_availability_reasons_are_recorded():
@@ -283,3 +364,18 @@ def test_cuda_attention_names_valid_archs():
         ValueError, match="arch='sm70' has no compiled kernels; valid values: sm80, sm89, sm90"
     ):
         ops.cuda_attention(q, k, v, arch="sm70", pv=None, options={}, **args)
+
+
+def test_cuda_quantization_of_the_triton_path_needs_code_for_the_gpu(monkeypatch):
+    monkeypatch.setattr(ops, "fused_quant_unavailable_reason", lambda: None)
+    monkeypatch.setattr(ops, "_build_record", [{"extensions": {"sageattention._fused": ["8.0", "9.0a"]}}])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
+    q = torch.zeros(1, 1, 4, 8, dtype=BF16)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    with pytest.raises(
+        RuntimeError, match=r"quantization_backend='cuda' needs .*_fused holds no code .*\(10\.0;"
+    ):
+        ops.triton_attention(
+            q, q, q, attn_mask=None, is_causal=False, sm_scale=1.0, return_lse=False, smooth_k=True,
+            pv=PVDtype.FP8, options={"quantization_backend": "cuda"},
+        )  # fmt: skip
