@@ -1,7 +1,7 @@
-"""Accuracy, DESIGN.md's protocol: against float64 attention at b=1 h=8 n=4096 d=128 for `randn`
-and `outlier` inputs (K + per-channel bias N(0, 8^2), 4 V channels x10, Q x2), causal and not:
-cosine similarity, relative L1 (sum|o-r| / sum|r|), RMSE; also against the simulated-quantization
-reference (how tightly the kernels do what they claim).
+"""Accuracy, the protocol of README's Accuracy section: against float64 attention at b=1 h=8 n=4096
+d=128 for `randn` and `outlier` inputs (K + per-channel bias N(0, 8^2), 4 V channels x10, Q x2),
+causal and not: cosine similarity, relative L1 (sum|o-r| / sum|r|), RMSE; also against the
+simulated-quantization reference (how tightly the kernels do what they claim).
 
     python bench/accuracy.py [--out bench/results/accuracy-....json]
 """

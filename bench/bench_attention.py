@@ -1,6 +1,6 @@
-"""Attention throughput, DESIGN.md's protocol: TOPS = 4*b*h*n*n*d / time (halved when causal),
-median of triton.testing.do_bench, every implementation in the same run as torch SDPA's flash and
-cuDNN backends so the ratios hold on a noisy machine.
+"""Attention throughput, the protocol of README's Speed section: TOPS = 4*b*h*n*n*d / time (halved
+when causal), median of triton.testing.do_bench, every implementation in the same run as torch SDPA's
+flash and cuDNN backends so the ratios hold on a noisy machine.
 
     python bench/bench_attention.py                      # b=4 h=32 d=128,64  n=1k..32k  causal and not
     python bench/bench_attention.py --lengths 4096 --batch 1 --heads 24   # one diffusion shape

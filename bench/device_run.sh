@@ -3,8 +3,8 @@
 #   build     sagebuild builds the wheel (torch of the machine, sm_90a) into $OUT/wheelhouse, installs it
 #             into /tmp/site and copies its compiled modules into the checkout for the benchmarks
 #   test      install it outside the checkout and run the GPU tests against the installed wheel
-#   accuracy  bench/accuracy.py (DESIGN.md accuracy protocol)
-#   bench     bench/bench_attention.py (DESIGN.md performance protocol) and the diffusion shape
+#   accuracy  bench/accuracy.py (the accuracy protocol, README's Accuracy)
+#   bench     bench/bench_attention.py (the speed protocol, README's Speed) and the diffusion shape
 #   sweep     bench/sweep_triton.py with $SWEEP_ARGS
 # Usage: OUT=/some/dir bash bench/device_run.sh [step ...]; PYTEST_ARGS narrows the test step.
 set -uo pipefail
@@ -46,7 +46,7 @@ for s in "${steps[@]}"; do
       PYTHONPATH=$repo timeout 150 python bench/accuracy.py --out "$OUT/accuracy.json" 2>&1 | tail -9
       ;;
     bench)
-      step "benchmark, DESIGN protocol"
+      step "benchmark, speed protocol"
       PYTHONPATH=$repo timeout 420 python bench/bench_attention.py --impls sdpa-flash sdpa-cudnn sageattn \
         sage-triton-fp16 ${BENCH_IMPLS:-} --rep 100 --out "$OUT/attention.json" 2>&1 | tail -30
       step "diffusion shape"

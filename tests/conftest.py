@@ -17,7 +17,7 @@ from sageattention.quant import PVDtype
 from sageattention.reference import sage_ref
 
 # --------------------------------------------------------------------------------------------------
-# Accuracy metrics (the DESIGN.md protocol: cosine, relative L1, RMSE; NaN never passes)
+# Accuracy metrics (README's accuracy protocol: cosine, relative L1, RMSE; NaN never passes)
 
 
 def cosine(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -130,7 +130,7 @@ def make_qkv(
     seed=0,
 ):
     """q, k, v in the given layout. kind "outlier": K plus a per-channel bias N(0, 8^2), three V
-    channels x10 and Q x2 (DESIGN.md's hard input set)."""
+    channels x10 and Q x2 (the accuracy protocol's outlier inputs)."""
     hkv = hq if hkv is None else hkv
     nk = nq if nk is None else nk
     gen = torch.Generator(device="cpu").manual_seed(seed)

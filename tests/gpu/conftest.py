@@ -1,11 +1,11 @@
 """Helpers of the GPU tests, handed out as fixtures:
 
 * ``mma``: the helpers of the compiled kernel tests (test_cuda_kernels.py), also used elsewhere:
-  input makers, the DESIGN.md protocol inputs, and checks whose failure messages say where the
-  error sits in the kernels' tiling (128-row tiles of 8 warps x 16 rows; the sm_90a kernel's
-  warpgroups of 4 warps hold 64 rows each; a thread's output channels are 2 * (lane % 4) + {0, 1}
-  of each 8), which usually tells a mask, a fragment layout, a key permutation or an unwritten tile
-  apart.
+  input makers, the accuracy protocol's inputs (README, Accuracy), and checks whose failure messages
+  say where the error sits in the kernels' tiling (128-row tiles of 8 warps x 16 rows; the sm_90a
+  kernel's warpgroups of 4 warps hold 64 rows each; a thread's output channels are 2 * (lane % 4) +
+  {0, 1} of each 8), which usually tells a mask, a fragment layout, a key permutation or an
+  unwritten tile apart.
 * ``sage_backend``: parametrizes a test over every quantized entry point (``sageattn`` and the named
   variants), skipping those that cannot run on this GPU, with the ``sage_ref`` options that
   reproduce each one's quantization.
@@ -42,8 +42,8 @@ def make(b, h, n, d, layout, dtype, seed, scale=1.0):
 
 
 def protocol_inputs(kind: str, seed: int):
-    """DESIGN.md's accuracy inputs: b=1 h=8 n=4096 d=128 bf16 NHD views. "outlier": K plus a per-channel
-    bias N(0, 8^2), four V channels x10, Q x2."""
+    """The accuracy protocol's inputs (README, Accuracy): b=1 h=8 n=4096 d=128 bf16 NHD views.
+    "outlier": K plus a per-channel bias N(0, 8^2), four V channels x10, Q x2."""
     q, k, v = (make(1, 8, 4096, 128, "NHD", torch.float32, seed + i) for i in range(3))
     if kind == "outlier":
         gen = torch.Generator(device="cuda").manual_seed(seed + 3)

@@ -43,7 +43,7 @@ permutation, mask or scale gives errors of order max|ref| and cannot pass. The L
 ``lse_atol`` of the table (sm80 and sm89 share the reference's arithmetic; sm90's row sum adds the
 rounded P, as its tensor cores do, so e4m3 rounding flips reach it).
 
-Against float64 attention_ref (DESIGN.md protocol, b=1 h=8 n=4096 d=128, randn and outlier inputs):
+Against float64 attention_ref (README's accuracy protocol, b=1 h=8 n=4096 d=128, randn and outlier inputs):
 conftest's EXACT_BOUNDS, FP16 P·V cosine >= 0.9999 and relative L1 <= 0.015, FP8 P·V cosine >= 0.9992
 and relative L1 <= 0.04 (the Triton FP8 path measures 0.99926 / 0.0384 on randn, whose quantization
 sm90 shares). sm80 with single-level K misses the L1 bound on the outlier set (~0.020), two-level K
@@ -303,7 +303,7 @@ def test_gqa_groups(sage_backend, metrics, mma, kv_group, d):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @on_each_accum("float64_accums")
 def test_against_float64(sage_backend, accum, metrics, mma, kind, causal):
-    """The accuracy promised to users (DESIGN.md protocol), through the launcher (cuda_sm80: two-level
+    """The accuracy promised to users (README's accuracy protocol), through the launcher (cuda_sm80: two-level
     K)."""
     skip_unless_built(accum)
     q, k, v = mma.protocol_inputs(kind, 13)

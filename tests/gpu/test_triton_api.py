@@ -1,4 +1,4 @@
-"""The public API on a GPU, through the Triton kernels: accuracy (DESIGN.md protocol), awkward shapes,
+"""The public API on a GPU, through the Triton kernels: accuracy (README's accuracy protocol), awkward shapes,
 layouts, GQA, head dims, LSE, masks, strided inputs, every element written, dispatch on this GPU.
 
 Every output is held to two bounds (tests/conftest.py gives them and says why): tight against
