@@ -407,8 +407,8 @@ SageAttention through the compiled sm80 kernels: INT8 Q·K, FP16 P·V (sm80 and 
 Q is INT8 per token; K (smoothed) is two INT8 digits per block of 64 keys, K ~ scale * (k1 + k2 / 254),
 whose product with Q is exact in INT32; P·V multiplies FP16 P by FP16 V (bf16 V is converted).""",
     "sageattn_qk_int8_pv_fp8_cuda": """\
-SageAttention through the compiled sm89 kernels: INT8 Q·K, FP8 P·V (sm89, sm120, and sm100 in a wheel
-built with 10.0a; the mma.sync kernels also run on sm90).
+SageAttention through the compiled sm89 kernels: INT8 Q·K, FP8 P·V (sm89, sm120, and sm100 or sm121 in
+a wheel built with 10.0a or 12.1a; the mma.sync kernels also run on sm90).
 
 Q is INT8 per token, K (smoothed) INT8 per block of 64 keys; P (scaled by 448) and V (per channel)
 are FP8 e4m3.""",
