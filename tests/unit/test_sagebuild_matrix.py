@@ -159,6 +159,17 @@ def test_optional_arch_accepted_when_asked(matrix):
     assert archs == ("9.0a", "10.0a") and not default
 
 
+def test_sm121_build_holds_every_module_but_sm90(matrix):
+    """12.1a (sm121) on request: the mma.sync kernels (sm80, sm89 families) and the fused quantization
+    get its SASS; an arch-specific 12.0a build would not load there."""
+    archs, _, default = matrix.resolve_archs("sageattention", "12.9", "12.1a")
+    assert archs == ("12.1a",) and not default
+    plans = {p.name: p for p in matrix.extension_plan("sageattention", archs)}
+    for name in ("_fused", "_qattn_sm80", "_qattn_sm89"):
+        assert plans[f"sageattention.{name}"].archs == ("12.1a",), name
+    assert plans["sageattention._qattn_sm90"].skipped
+
+
 def test_arch_parsing():
     assert parse_arch_list("9.0a;8.0 8.9,8.0") == ["8.0", "8.9", "9.0a"]
     arch = Arch.parse("12.0a")
