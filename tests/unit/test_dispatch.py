@@ -379,3 +379,17 @@ def test_cuda_quantization_of_the_triton_path_needs_code_for_the_gpu(monkeypatch
             q, q, q, attn_mask=None, is_causal=False, sm_scale=1.0, return_lse=False, smooth_k=True,
             pv=PVDtype.FP8, options={"quantization_backend": "cuda"},
         )  # fmt: skip
+
+
+def test_the_record_setup_py_writes_is_the_one_read(monkeypatch):
+    """setup.py records {plan.name: plan.archs} of the matrix's extension plan (build_info); read back,
+    a default build serves each family's own GPUs and not sm100."""
+    from sagebuild import matrix as build_matrix
+
+    m = build_matrix.load()
+    archs, _, _ = m.resolve_archs("sageattention", "13.0", None)
+    record = {"extensions": {p.name: list(p.archs) for p in m.extension_plan("sageattention", archs)}}
+    monkeypatch.setattr(ops, "_build_record", [record])
+    for arch, capability in (("sm90", (9, 0)), ("sm89", (8, 9)), ("sm89", (12, 0)), ("sm80", (8, 6))):
+        assert ops.cuda_image_missing_reason(arch, capability) is None, (arch, capability)
+    assert "holds no code for this GPU (10.0;" in ops.cuda_image_missing_reason("sm89", (10, 0))
