@@ -118,9 +118,10 @@ def kernel_image_missing_reason(module: str, capability: tuple) -> str | None:
     if not archs or any(sass_runs_on(arch, capability) for arch in archs):
         return None
     gpu = f"{capability[0]}.{capability[1]}"
+    wanted = gpu + ("a" if capability[0] >= 9 else "")  # the builds name sm90 and newer arch-specific
     return (
         f"sageattention.{module} holds no code for this GPU ({gpu}; built for {', '.join(archs)}); a build "
-        f"with {gpu} (or {gpu}a) in TORCH_CUDA_ARCH_LIST has it"
+        f"with {wanted} in TORCH_CUDA_ARCH_LIST has it"
     )
 
 
