@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import math
@@ -97,6 +98,7 @@ def build_info() -> dict:
     return _build_record[0]
 
 
+@functools.cache  # a handful of (arch, GPU) pairs; asked on every quantization_backend="cuda" call
 def sass_runs_on(arch: str, capability: tuple) -> bool:
     """Whether SASS built for ``arch`` ("8.6", "9.0a", "10.0f") loads on a GPU of compute capability
     ``capability``: one of the same major and at least its minor; an arch-specific build ("a") only
