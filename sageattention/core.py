@@ -257,6 +257,11 @@ def sageattn_varlen(
 # Docstrings
 
 _SHAPES = '[batch, {h}, {n}, head_dim] for tensor_layout "HND", [batch, {n}, {h}, head_dim] for "NHD"'
+# The **kwargs text of both tables ({options} is filled in per function by _document).
+_KWARGS_DOC = (
+    "Options by name: {{options}}. They are the parameters of the named variants; a backend ignores "
+    "those it has no use for{aside}. Any other name raises TypeError."
+)
 _PARAM_DOCS = {
     "q": (
         "torch.Tensor",
@@ -327,9 +332,7 @@ _PARAM_DOCS = {
     "max_seqlen_k": ("int", "Length of the longest key sequence (at least every length in cu_seqlens_k)."),
     "kwargs": (
         "",
-        "Options by name: {options}. They are the parameters of the named variants; a backend ignores "
-        "those it has no use for (attn_mask aside: a named CUDA variant given one raises RuntimeError). "
-        "Any other name raises TypeError.",
+        _KWARGS_DOC.format(aside=" (attn_mask aside: a named CUDA variant given one raises RuntimeError)"),
     ),
 }
 _VARLEN_PARAM_DOCS = {
@@ -355,11 +358,7 @@ _VARLEN_PARAM_DOCS = {
         "Subtract the mean of K over each sequence's tokens (per head) before quantizing. Softmax is "
         "unchanged by it and the INT8 error shrinks when K has a per-channel offset.",
     ),
-    "kwargs": (
-        "",
-        "Options by name: {options}. They are the parameters of the named variants; a backend ignores "
-        "those it has no use for. Any other name raises TypeError.",
-    ),
+    "kwargs": ("", _KWARGS_DOC.format(aside="")),
 }
 
 _DENSE_RETURNS = """\
