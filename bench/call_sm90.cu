@@ -10,7 +10,8 @@
 //   /tmp/call n batch heads [causal (0/1)] [passes]
 // Prints µs per call (the median of `passes` passes of 20 calls each), the attention's TOPS and a hash
 // of the call's output: two builds that should agree bit for bit print the same hash. CALL_NO_SPLIT=1
-// in the environment runs whole tiles only (no split plan for the last wave).
+// in the environment runs whole tiles only (no split plan for the last wave); -DCALL_HEAD_DIM=64 builds
+// it for head dim 64.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,6 +20,11 @@
 #include <vector>
 
 #include "bench_cuda.cuh"
+
+// The head dim of Q, K and V (64 or 128): -DCALL_HEAD_DIM=64 builds the d=64 kernels' harness.
+#ifndef CALL_HEAD_DIM
+#define CALL_HEAD_DIM 128
+#endif
 #include "fused/quant.h"
 #include "sm90/attn.h"
 
@@ -45,7 +51,7 @@ int main(int argc, char** argv) {
   const int n = shape.n, batch = shape.batch, heads = shape.heads;
   const bool causal = argc > 4 && std::atoi(argv[4]) != 0;
   const int passes = argc > 5 ? std::max(1, std::atoi(argv[5])) : 5;
-  constexpr int D = 128;
+  constexpr int D = CALL_HEAD_DIM;
   const int64_t elems = int64_t(batch) * heads * n * D;
 
   const QuantQkvArgs a = bench::random_qkv(n, batch, heads, D);
