@@ -20,13 +20,12 @@
 #include <vector>
 
 #include "bench_cuda.cuh"
-
-// The head dim of Q, K and V (64 or 128): -DCALL_HEAD_DIM=64 builds the d=64 kernels' harness.
-#ifndef CALL_HEAD_DIM
-#define CALL_HEAD_DIM 128
-#endif
 #include "fused/quant.h"
 #include "sm90/attn.h"
+
+#ifndef CALL_HEAD_DIM  // the head dim of Q, K and V: 128, or 64 (see the top of the file)
+#define CALL_HEAD_DIM 128
+#endif
 
 namespace {
 

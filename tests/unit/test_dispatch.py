@@ -178,7 +178,7 @@ def test_forced_variant_without_code_for_the_gpu(built, monkeypatch):
         )
 
 
-def test_build_record_is_read_from_the_package(monkeypatch, tmp_path):
+def test_build_record_is_read_from_the_package(monkeypatch):
     """ops.build_info reads _build_info.json beside the package's modules; none there (a source tree):
     no record, and nothing is passed over for want of one."""
     monkeypatch.setattr(ops, "_build_record", [])
