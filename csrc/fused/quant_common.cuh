@@ -105,6 +105,23 @@ __device__ __forceinline__ float amax8(uint4 raw) {
   return half_bits_to_float<T>(max(m2 & 0xffffu, m2 >> 16));
 }
 
+// Elementwise max and min of two pairs of packed halves (T's 16-bit type, element 0 in the low half),
+// NaN if either element is NaN. Exact: no rounding. Where a float result fl(f(x)) rises with x (a
+// rounded subtraction x - m does), the largest |fl(f(x))| over a set of x is that of its max or its
+// min, so a block's max |x - m| needs only these and two subtractions per channel.
+template <typename T>
+__device__ __forceinline__ uint32_t max2_nan(uint32_t a, uint32_t b) {
+  using T2 = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat162, __half2>;
+  T2 r = __hmax2_nan(*reinterpret_cast<const T2*>(&a), *reinterpret_cast<const T2*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+template <typename T>
+__device__ __forceinline__ uint32_t min2_nan(uint32_t a, uint32_t b) {
+  using T2 = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat162, __half2>;
+  T2 r = __hmin2_nan(*reinterpret_cast<const T2*>(&a), *reinterpret_cast<const T2*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
 // to_int8's value in one conversion (F2I.S8): round to nearest even, saturated to [-128, 127]. The two
 // differ only below -127.5, which x * inv never reaches when |x| <= amax and inv = inv_scale(127,
 // amax), as for every caller here (|x * inv| <= 127 (1 + 2^-23)^2); NaN gives 0 in both.

@@ -42,6 +42,7 @@
 // order is reproduced as well, so every output is bit for bit what quant.cu's kernels give.
 
 #include <algorithm>
+#include <type_traits>
 
 #include "quant.h"
 #include "quant_common.cuh"
@@ -93,10 +94,13 @@ __device__ __forceinline__ uint4 load8(const void* p) {
 template <bool kAligned, int kRows, typename T, int kPasses>
 __device__ __forceinline__ void load_tile(const T* base, int64_t stride, int t0, int limit, bool active,
                                           uint4 (&raw)[kPasses]) {
+  const T* ptr = base + int64_t{t0} * stride;
+  const int64_t step = int64_t{kRows} * stride;
 #pragma unroll
   for (int p = 0; p < kPasses; ++p) {
     const int t = t0 + p * kRows;
-    raw[p] = active && t < limit ? load8<kAligned>(base + t * stride) : make_uint4(0, 0, 0, 0);
+    raw[p] = active && t < limit ? load8<kAligned>(ptr) : make_uint4(0, 0, 0, 0);
+    ptr += step;
   }
 }
 
@@ -363,23 +367,31 @@ __device__ __forceinline__ void quant_v_tile(const QuantQkvArgs& a, const QkvGri
   }
   __syncthreads();
   uint32_t* words = reinterpret_cast<uint32_t*>(smem);
+  // Tokens past Nk (the last tile only) give zeros, as quant.cu writes them; the other tiles skip the
+  // test. Word of channel d = c * kVec + j: its row's chunk grp ^ (c & 7), plus j rows.
+  const auto quantize = [&](auto full) {
 #pragma unroll
-  for (int i = 0; i < kUnits; ++i) {
-    const int u = threadIdx.x + i * kThreads;
-    const int c = u % kVecs, quad = (u / kVecs) % 4, grp = u / (4 * kVecs);
-    bool valid[4];
+    for (int i = 0; i < kUnits; ++i) {
+      const int u = threadIdx.x + i * kThreads;
+      const int c = u % kVecs, quad = (u / kVecs) % 4, grp = u / (4 * kVecs);
+      bool valid[4];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) valid[r] = first + permuted_token(16 * grp + 4 * quad + r) < a.nk;
+      for (int r = 0; r < 4; ++r) valid[r] = full || first + permuted_token(16 * grp + 4 * quad + r) < a.nk;
+      uint32_t* word = words + (c * kVec * kTokens + 16 * (grp ^ (c & 7))) / 4 + quad;
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const int d = c * kVec + j;
-      const float inv = stat[d];
-      float y[4];  // tokens past N: zeros, as quant.cu writes them
+      for (int j = 0; j < kVec; ++j) {
+        const float inv = stat[c * kVec + j];
+        float y[4];
 #pragma unroll
-      for (int r = 0; r < 4; ++r) y[r] = valid[r] ? __fmul_rn(element<T>(raw[i][r], j), inv) : 0.f;
-      const uint32_t word = to_fp8x2(y[0], y[1]) | static_cast<uint32_t>(to_fp8x2(y[2], y[3])) << 16;
-      words[(d * kTokens + 16 * (grp ^ (c & 7))) / 4 + quad] = word;
+        for (int r = 0; r < 4; ++r) y[r] = valid[r] ? __fmul_rn(element<T>(raw[i][r], j), inv) : 0.f;
+        word[j * kTokens / 4] = to_fp8x2(y[0], y[1]) | static_cast<uint32_t>(to_fp8x2(y[2], y[3])) << 16;
+      }
     }
+  };
+  if (first + kTokens <= a.nk) {
+    quantize(std::true_type{});
+  } else {
+    quantize(std::false_type{});
   }
   __syncthreads();
   uint8_t* out = a.vt + static_cast<int64_t>(bh) * D_PAD * a.n_pad;
@@ -419,14 +431,29 @@ __device__ __forceinline__ void quant_k_block(const QuantQkvArgs& a, const QkvGr
     __syncthreads();
   }
   const float* km = stat + c * kVec;  // this thread's channels of k_mean (zeros without smooth-K)
+  // max |x - k_mean| over the thread's tokens below Nk, per channel from their max and min (max2_nan):
+  // the same bits as over every x - k_mean, NaN included, in a quarter of the instructions.
   float amax = 0.f;
+  if (first + row < a.nk) {  // the passes below Nk come first
+    uint32_t hi[kVec / 2] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w};
+    uint32_t lo[kVec / 2] = {raw[0].x, raw[0].y, raw[0].z, raw[0].w};
 #pragma unroll
-  for (int p = 0; p < kPasses; ++p) {
-    float x[kVec];
-    unpack8<T>(raw[p], x);
-    if (first + row + p * kRows < a.nk) {
+    for (int p = 1; p < kPasses; ++p) {
+      if (first + row + p * kRows < a.nk) {
+        const uint32_t w[kVec / 2] = {raw[p].x, raw[p].y, raw[p].z, raw[p].w};
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) amax = amax2(amax, fabsf(__fsub_rn(x[j], km[j])));
+        for (int i = 0; i < kVec / 2; ++i) {
+          hi[i] = max2_nan<T>(hi[i], w[i]);
+          lo[i] = min2_nan<T>(lo[i], w[i]);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const uint32_t sh = j % 2 ? 16 : 0;
+      const float x_hi = half_bits_to_float<T>((hi[j / 2] >> sh) & 0xffffu);
+      const float x_lo = half_bits_to_float<T>((lo[j / 2] >> sh) & 0xffffu);
+      amax = amax2(amax, amax2(fabsf(__fsub_rn(x_hi, km[j])), fabsf(__fsub_rn(x_lo, km[j]))));
     }
   }
   amax = warp_amax(amax);
@@ -455,62 +482,95 @@ __device__ __forceinline__ void quant_k_block(const QuantQkvArgs& a, const QkvGr
 }
 
 // Q tile `tile` of (b, hq) = bh: 128 tokens, one scale per token (quant.cu's quant_q_kernel), plus
-// corr = sm_scale * q . k_mean when a.corr is set. quant_q_kernel gives lane l of a warp the
-// channels [l * E, l * E + E) (E = D_PAD / 32), sums each lane's products in channel order and then
-// the lanes with __shfl_xor offsets 16, 8, .., 1. Here a thread holds kLanes = 8 / E such lanes as
-// separate partial sums: the offsets >= kLanes run across threads (offset / kLanes) on each
-// partial, the smaller ones within the thread, in the same order, so corr has the same bits.
+// corr = sm_scale * q . k_mean when a.corr is set. A token's channels lie in kQThreads = D_PAD / 32
+// consecutive threads, kQChunks = 4 chunks of 8 channels each, interleaved: thread c holds chunks c,
+// c + kQThreads, ..., so each load and store of a warp covers whole 64- or 32-byte runs of its tokens.
+// (Eight channels a thread and 16 threads a token, a token's max took four shuffles and each thread an
+// IEEE division for 8 elements: 11 instructions an element against 6 here, bench/NOTES.md.)
+// quant_q_kernel gives lane l of a warp the channels [l * E, l * E + E) (E = D_PAD / 32), sums each
+// lane's products in channel order and then the lanes with __shfl_xor offsets 16, 8, .., 1. Lane
+// 8 j + kLanes c + l (kLanes = 8 / E) is part l of chunk c + kQThreads j here: offsets 16 and 8 pair
+// a thread's own chunks, offsets kLanes .. 4 cross threads (offset / kLanes), the smaller ones the
+// parts of a chunk; reproduced in that order, corr has the same bits.
 template <typename T, int D_PAD, bool kAligned>
 __device__ __forceinline__ void quant_q_tile(const QuantQkvArgs& a, const QkvGrid& g, int tile, int bh,
                                              uint8_t* smem, float* stat) {
-  constexpr int kVecs = D_PAD / kVec, kRows = kThreads / kVecs, kPasses = kQTokens / kRows;
+  constexpr int kQChunks = 4, kQThreads = D_PAD / (kVec * kQChunks), kRows = kThreads / kQThreads;
+  constexpr int kPasses = kQTokens / kRows;
   constexpr int kE = D_PAD / kWarp, kLanes = kVec / kE;
-  const int c = threadIdx.x % kVecs, row = threadIdx.x / kVecs;
+  static_assert(kQThreads * kLanes == 8 && kPasses * kRows == kQTokens, "Q tile shape");
+  const int c = threadIdx.x % kQThreads, row = threadIdx.x / kQThreads;
   const int b = bh / a.heads_q, h = bh % a.heads_q;
   const int first = tile * kQTokens;
-  const bool active = c * kVec < a.head_dim;
-  const T* base = static_cast<const T*>(a.q) + b * a.q_strides.b + h * a.q_strides.h + c * kVec;
-  uint4 raw[kPasses];
-  load_tile<kAligned, kRows>(base, a.q_strides.n, first + row, a.nq, active, raw);
+  const T* base = static_cast<const T*>(a.q) + b * a.q_strides.b + h * a.q_strides.h + (first + row) * a.q_strides.n;
+  const int64_t step = int64_t{kRows} * a.q_strides.n;
+  uint4 raw[kPasses][kQChunks];
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const bool in = first + row + p * kRows < a.nq;
+#pragma unroll
+    for (int j = 0; j < kQChunks; ++j) {
+      const int ch = (c + j * kQThreads) * kVec;
+      raw[p][j] = in && ch < a.head_dim ? load8<kAligned>(base + p * step + ch) : make_uint4(0, 0, 0, 0);
+    }
+  }
   const bool with_corr = a.corr != nullptr;
   if (with_corr) {
     const int bkv = bh / g.kv_group;  // b * Hkv + h / kv_group
     k_mean_of<D_PAD>(a, g, bkv, reinterpret_cast<float*>(smem), stat);
   }
-  // This thread's channels of k_mean, read from shared memory at each use (volatile) rather than
-  // held in registers through all passes.
-  const volatile float* km = stat + c * kVec;
-  const int64_t row0 = static_cast<int64_t>(bh) * a.nq;
+  const int64_t row0 = static_cast<int64_t>(bh) * a.nq + first + row;
+  int8_t* out = a.q_int8 + row0 * D_PAD + c * kVec;
 #pragma unroll
   for (int p = 0; p < kPasses; ++p) {
-    const int t = first + row + p * kRows;
-    float amax;
-    const uint2 packed = quant_token_int8<T, kVecs>(raw[p], amax);
-    if (t < a.nq) {
-      *reinterpret_cast<uint2*>(a.q_int8 + (row0 + t) * D_PAD + c * kVec) = packed;
-      if (c == 0) a.q_scale[row0 + t] = amax * a.scale_mul;
+    const bool in = first + row + p * kRows < a.nq;
+    float amax = amax8<T>(raw[p][0]);
+#pragma unroll
+    for (int j = 1; j < kQChunks; ++j) amax = amax2(amax, amax8<T>(raw[p][j]));
+#pragma unroll
+    for (int o = kQThreads / 2; o > 0; o >>= 1) amax = amax2(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float inv = inv_scale(kInt8Max, amax);
+    if (in) {
+#pragma unroll
+      for (int j = 0; j < kQChunks; ++j) {
+        float x[kVec];
+        unpack8<T>(raw[p][j], x);
+        *reinterpret_cast<uint2*>(out + (int64_t{p} * kRows * D_PAD + j * kQThreads * kVec)) = int8x8(x, inv);
+      }
+      if (c == 0) a.q_scale[row0 + p * kRows] = amax * a.scale_mul;
     }
     if (with_corr) {
-      float x[kVec];
-      unpack8<T>(raw[p], x);
-      float dot[kLanes];
+      // This thread's channels of k_mean, read from shared memory at each use (volatile) rather than
+      // held in registers through all passes.
+      const volatile float* km = stat + c * kVec;
+      float dot[kQChunks][kLanes];
 #pragma unroll
-      for (int l = 0; l < kLanes; ++l) {
-        dot[l] = 0.f;
+      for (int j = 0; j < kQChunks; ++j) {
+        float x[kVec];
+        unpack8<T>(raw[p][j], x);
 #pragma unroll
-        for (int e = 0; e < kE; ++e) dot[l] = dot_step(dot[l], x[l * kE + e], km[l * kE + e]);
+        for (int l = 0; l < kLanes; ++l) {
+          dot[j][l] = 0.f;
+#pragma unroll
+          for (int e = 0; e < kE; ++e) {
+            dot[j][l] = dot_step(dot[j][l], x[l * kE + e], km[j * kQThreads * kVec + l * kE + e]);
+          }
+        }
       }
+      float s[kLanes];  // offsets 16 and 8: chunks j and j ^ 2, then j ^ 1 (all lanes agree after each)
 #pragma unroll
-      for (int o = kVecs / 2; o > 0; o >>= 1) {
+      for (int l = 0; l < kLanes; ++l) s[l] = (dot[0][l] + dot[2][l]) + (dot[1][l] + dot[3][l]);
 #pragma unroll
-        for (int l = 0; l < kLanes; ++l) dot[l] += __shfl_xor_sync(0xffffffffu, dot[l], o);
+      for (int o = kQThreads / 2; o > 0; o >>= 1) {
+#pragma unroll
+        for (int l = 0; l < kLanes; ++l) s[l] += __shfl_xor_sync(0xffffffffu, s[l], o);
       }
 #pragma unroll
       for (int o = kLanes / 2; o > 0; o >>= 1) {
 #pragma unroll
-        for (int l = 0; l < o; ++l) dot[l] += dot[l + o];
+        for (int l = 0; l < o; ++l) s[l] += s[l + o];
       }
-      if (t < a.nq && c == 0) a.corr[row0 + t] = dot[0] * a.sm_scale;
+      if (in && c == 0) a.corr[row0 + p * kRows] = s[0] * a.sm_scale;
     }
   }
 }

@@ -243,6 +243,50 @@ def test_quant_qkv_sm90_keeps_nan_in_v():
     _assert_matches_separate_ops(q, k, v, True, True, outputs)
 
 
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """x's bit patterns: equal NaNs compare equal."""
+    return x.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[x.element_size()])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("smooth_k", [True, False], ids=["smooth", "plain"])
+def test_quant_qkv_sm90_special_values_in_q_and_k(dtype, smooth_k):
+    """Signed zeros, subnormals, the type's largest values, and (without smooth-K, whose mean they would
+    make NaN) infinities and NaN in Q and K: quant_qkv_sm90 gives the separate ops' bits, NaN
+    included, and a K block or Q token holding a NaN gets a NaN scale."""
+    b, h, n, d = 1, 2, 300, 128
+    q, k, v = hnd(b, h, n, d, "HND", dtype), hnd(b, h, n, d, "HND", dtype) + 5, hnd(b, h, n, d, "HND", dtype)
+    tiny, big = torch.finfo(dtype).smallest_normal / 8, torch.finfo(dtype).max / 4
+    for x in (q, k):
+        x[0, 0, 10, :] = -0.0
+        x[0, 0, 11, :64] = tiny
+        x[0, 0, 12, 64:] = -tiny
+        x[0, 1, 140, 5] = big
+        x[0, 1, 141, 5] = -big
+        x[0, 0, 260:300, 9] = 0.0  # the last (short) block: one channel all zeros
+    if not smooth_k:
+        for x in (q, k):
+            x[0, 0, 20, 3] = float("nan")
+            x[0, 1, 150, 7] = float("inf")
+            x[0, 1, 200, 100] = float("-inf")
+    args = _qkv_args(q, k, v, smooth_k, False)
+    sm_scale, scale_mul, d_pad = args[4:7]
+    qq, qs, _, kq, ks, _, _, km = ops.quant_qkv_sm90(*args)
+    mean = km if smooth_k else None
+    ref_qq, ref_qs, _ = ops.quant_q_per_token(q, mean, sm_scale, scale_mul, d_pad, 1, False)
+    ref_kq, ref_ks = ops.quant_k_per_block(k, mean, 128, d_pad)
+    pairs = {"q_int8": (qq, ref_qq), "q_scale": (qs, ref_qs), "k_int8": (kq, ref_kq), "k_scale": (ks, ref_ks)}
+    for name, (got, expected) in pairs.items():
+        got, expected = _bits(got), _bits(expected)
+        assert torch.equal(got, expected), f"{name}: " + _first_difference(got, expected)
+    if not smooth_k:
+        assert torch.isnan(ks[0, 0, 0]) and torch.isnan(qs[0, 0, 20])
+        assert torch.isinf(ks[0, 1, 1]) and torch.isinf(qs[0, 1, 150]) and torch.isinf(qs[0, 1, 200])
+        assert torch.isfinite(ks[0, 0, 1:]).all() and torch.isfinite(ks[0, 1, 0])
+    else:
+        assert torch.isfinite(ks).all() and torch.isfinite(qs).all()
+
+
 @pytest.mark.parametrize("smooth_k,with_corr", [(True, True), (False, False)], ids=["smooth-corr", "plain"])
 @pytest.mark.parametrize(
     "heads,n,kernels",
