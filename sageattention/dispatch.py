@@ -192,19 +192,12 @@ TABLE = (
 # --------------------------------------------------------------------------------------------------
 # Device facts, cached (one query per device index per process)
 
-_capabilities: dict = {}
-
 
 def device_capability(device_type: str, index: int | None) -> Capability:
     """(major, minor) of a CUDA device, None for other devices."""
     if device_type != "cuda":
         return None
-    if index is None:
-        index = torch.cuda.current_device()
-    cap = _capabilities.get(index)
-    if cap is None:
-        cap = _capabilities[index] = tuple(torch.cuda.get_device_capability(index))
-    return cap
+    return ops.cuda_capability(torch.cuda.current_device() if index is None else index)
 
 
 def make_request(
@@ -305,7 +298,7 @@ def reset() -> None:
     """Forget cached decisions, capabilities and warnings (for tests)."""
     _decisions.clear()
     _warned.clear()
-    _capabilities.clear()
+    ops._capabilities.clear()
 
 
 # --------------------------------------------------------------------------------------------------

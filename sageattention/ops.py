@@ -113,6 +113,18 @@ def sass_runs_on(arch: str, capability: tuple) -> bool:
     return capability[0] == major and capability[1] >= minor
 
 
+_capabilities: dict = {}  # device index -> (major, minor)
+
+
+def cuda_capability(index: int) -> tuple[int, int]:
+    """(major, minor) of CUDA device ``index``, queried once per process (the query costs about a
+    microsecond, on every call that asked it)."""
+    cap = _capabilities.get(index)
+    if cap is None:
+        cap = _capabilities[index] = tuple(torch.cuda.get_device_capability(index))
+    return cap
+
+
 def kernel_image_missing_reason(module: str, capability: tuple) -> str | None:
     """Why ``sageattention.<module>`` holds no code for a GPU of ``capability`` (None: it holds some,
     or the build left no record of its archs)."""
@@ -326,7 +338,7 @@ def triton_attention(q, k, v, *, attn_mask, is_causal, sm_scale, return_lse, smo
     if quant_backend == "cuda":
         reason = fused_quant_unavailable_reason()
         if reason is None and q.is_cuda and not torch.compiler.is_compiling():
-            reason = kernel_image_missing_reason(FUSED_EXTENSION, torch.cuda.get_device_capability(q.device))
+            reason = kernel_image_missing_reason(FUSED_EXTENSION, cuda_capability(q.device.index))
         if reason is not None:
             raise RuntimeError(
                 f"quantization_backend='cuda' needs the compiled quantization kernels: {reason}"

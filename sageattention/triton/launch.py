@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from ..ops import cuda_capability
 from ..quant import FP8_E4M3_MAX, PVDtype
 from . import attention as _attn
 from . import quant as _quant
@@ -63,11 +64,6 @@ def _launch_config(capability: tuple[int, int], d_pad: int, pv: PVDtype, causal:
     # FP16 P·V with two-level K, same shapes: 128 rows x 4 warps 406/472; 338/398 against 64 x 4
     # 331/337; 286/346 (the second K digit doubles the key tile that 64 rows would amortize less).
     return {"block_m": BLOCK_M, "num_warps": 4, "num_stages": 3}
-
-
-@functools.cache
-def _capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
 
 
 def _bhn(x: torch.Tensor, varlen: bool) -> tuple[int, ...]:
@@ -194,7 +190,7 @@ def attend(x: Quantized, q, cu_q, cu_k, *, nq, nk, batch, is_causal, pv, attn_ma
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
     mask, mask_kind, mask_strides = _mask_args(attn_mask, q.shape[0], hq, nq, nk)
-    config = dict(_launch_config(_capability(q.device), d_pad, pv, is_causal))
+    config = dict(_launch_config(cuda_capability(q.device.index), d_pad, pv, is_causal))
     block_m = config.pop("block_m")
     _attn._attn_kernel[(triton.cdiv(nq, block_m), hq, batch)](
         x.q, x.k, x.k_residual, x.v, x.q_scale, x.k_scale, x.v_scale, out, lse, x.corr, mask, cu_q, cu_k,
