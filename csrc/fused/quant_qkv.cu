@@ -619,8 +619,12 @@ __host__ __device__ __forceinline__ Item item_of(const QkvGrid& g, int t) {
   return {ItemKind::kQ, r % g.q_tiles, bh * g.kv_group + r / g.q_tiles};
 }
 
+// CTAs per SM: the quantization is bound by the bytes its CTAs keep in flight (bench/NOTES.md), so 4
+// (64 registers; at d_pad 64 the aligned kernels spill 8 bytes, and still run 4-8% faster than at 3).
+constexpr int kCtasPerSm = 4;
+
 template <typename T, int D_PAD, bool kAligned>
-__global__ void __launch_bounds__(kThreads, 3) quant_qkv_kernel(const QuantQkvArgs a, const QkvGrid g) {
+__global__ void __launch_bounds__(kThreads, kCtasPerSm) quant_qkv_kernel(const QuantQkvArgs a, const QkvGrid g) {
   // The stats rows ([2][kRows][D_PAD] floats, 16 KiB), the staged K chunk partials (at most
   // kMaxChunks x D_PAD floats; K blocks, Q tiles with the correction), or a V CTA's Vᵀ tile.
   constexpr int kStage = kMaxChunks * D_PAD * 4, kStatsRows = 2 * kThreads * kVec * 4;
