@@ -619,9 +619,15 @@ __host__ __device__ __forceinline__ Item item_of(const QkvGrid& g, int t) {
   return {ItemKind::kQ, r % g.q_tiles, bh * g.kv_group + r / g.q_tiles};
 }
 
-// CTAs per SM: the quantization is bound by the bytes its CTAs keep in flight (bench/NOTES.md), so 4
-// (64 registers; at d_pad 64 the aligned kernels spill 8 bytes, and still run 4-8% faster than at 3).
+// CTAs per SM: the quantization is bound by the bytes its CTAs keep in flight (bench/NOTES.md), so 4 on
+// sm_90, the one GPU it runs on: 64 registers, an 8-byte stack frame around the IEEE division's slow
+// path and, in the aligned d_pad 64 kernels, 8 bytes of spills, and still 3-8% faster than 3 CTAs.
+// The other archs the module is built for (where nothing launches it) keep 3, without spills.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
 constexpr int kCtasPerSm = 4;
+#else
+constexpr int kCtasPerSm = 3;
+#endif
 
 template <typename T, int D_PAD, bool kAligned>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) quant_qkv_kernel(const QuantQkvArgs a, const QkvGrid g) {
