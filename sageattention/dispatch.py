@@ -298,7 +298,7 @@ def reset() -> None:
     """Forget cached decisions, capabilities and warnings (for tests)."""
     _decisions.clear()
     _warned.clear()
-    ops._capabilities.clear()
+    ops.cuda_capability.cache_clear()
 
 
 # --------------------------------------------------------------------------------------------------

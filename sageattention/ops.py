@@ -113,16 +113,11 @@ def sass_runs_on(arch: str, capability: tuple) -> bool:
     return capability[0] == major and capability[1] >= minor
 
 
-_capabilities: dict = {}  # device index -> (major, minor)
-
-
+@functools.cache
 def cuda_capability(index: int) -> tuple[int, int]:
     """(major, minor) of CUDA device ``index``, queried once per process (the query costs about a
-    microsecond, on every call that asked it)."""
-    cap = _capabilities.get(index)
-    if cap is None:
-        cap = _capabilities[index] = tuple(torch.cuda.get_device_capability(index))
-    return cap
+    microsecond, on every call that asked it); ``cuda_capability.cache_clear()`` forgets it."""
+    return tuple(torch.cuda.get_device_capability(index))
 
 
 def kernel_image_missing_reason(module: str, capability: tuple) -> str | None:

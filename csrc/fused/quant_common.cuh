@@ -110,15 +110,15 @@ __device__ __forceinline__ float amax8(uint4 raw) {
 // rounded subtraction x - m does), the largest |fl(f(x))| over a set of x is that of its max or its
 // min, so a block's max |x - m| needs only these and two subtractions per channel.
 template <typename T>
+using Half2 = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat162, __half2>;
+template <typename T>
 __device__ __forceinline__ uint32_t max2_nan(uint32_t a, uint32_t b) {
-  using T2 = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat162, __half2>;
-  T2 r = __hmax2_nan(*reinterpret_cast<const T2*>(&a), *reinterpret_cast<const T2*>(&b));
+  const Half2<T> r = __hmax2_nan(*reinterpret_cast<const Half2<T>*>(&a), *reinterpret_cast<const Half2<T>*>(&b));
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 template <typename T>
 __device__ __forceinline__ uint32_t min2_nan(uint32_t a, uint32_t b) {
-  using T2 = std::conditional_t<std::is_same_v<T, __nv_bfloat16>, __nv_bfloat162, __half2>;
-  T2 r = __hmin2_nan(*reinterpret_cast<const T2*>(&a), *reinterpret_cast<const T2*>(&b));
+  const Half2<T> r = __hmin2_nan(*reinterpret_cast<const Half2<T>*>(&a), *reinterpret_cast<const Half2<T>*>(&b));
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
@@ -141,20 +141,6 @@ __device__ __forceinline__ uint2 int8x8(const float (&x)[kVec], float inv) {
     w[i] = __byte_perm(lo, hi, 0x5410);
   }
   return make_uint2(w[0], w[1]);
-}
-
-// Per-token INT8 of one token whose channels lie kLanes threads apart in a warp (lanes of one token
-// consecutive, kLanes a power of two), kVec of them packed in raw: returns this thread's INT8 values
-// (int8x8) and sets amax to the token's max |x| (amax8, then amax2 across the lanes: NaN kept), the
-// same in each of its lanes.
-template <typename T, int kLanes>
-__device__ __forceinline__ uint2 quant_token_int8(uint4 raw, float& amax) {
-  amax = amax8<T>(raw);
-#pragma unroll
-  for (int o = kLanes / 2; o > 0; o >>= 1) amax = amax2(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  float x[kVec];
-  unpack8<T>(raw, x);
-  return int8x8(x, inv_scale(kInt8Max, amax));
 }
 
 // One term of the smooth-K correction q . k_mean: a fused multiply-add, columns in order.
