@@ -27,7 +27,9 @@
 // (one head at least): the stats items of group s, then the quantizing items of group s - kLookahead
 // (head by head: its V tiles, its K blocks, the Q tiles of its query heads). A group's stats items
 // thus run while the group before it is quantized, and its quantizing items re-read K and V while
-// they are still in L2 (step_start, item_of). Where a stats item reads more than
+// they are still in L2 (step_start, item_of). The groups take the heads from the last to the first,
+// so the first heads, whose tiles the attention kernel draws first, are quantized last and their
+// outputs are still in L2 when it starts. Where a stats item reads more than
 // kOverlapStatsBytes (long chunks: many heads, long sequences), all heads form one group, and the
 // stats items and the quantizing items go in two launches of the kernel (nothing to wait for: the
 // first launch has counted everything when the second starts). Thread 0 decodes the CTA's item
@@ -593,7 +595,10 @@ __host__ __device__ __forceinline__ int step_start(const QkvGrid& g, int s) {
          heads_before(max(0, min(s - kLookahead, g.groups))) * g.head_items;
 }
 
-// Item t. Every step holds items, so the step of t is the last s with step_start(s) <= t.
+// Item t. Every step holds items, so the step of t is the last s with step_start(s) <= t. The steps walk
+// the (b, hkv) heads from the last to the first (head kv_heads - 1 - i at position i): the attention
+// kernel behind the quantization draws its tiles from the first heads on, and their INT8 and FP8
+// rows, quantized last, are then still in L2 when it starts.
 __host__ __device__ __forceinline__ Item item_of(const QkvGrid& g, int t) {
   int lo = 0, hi = g.groups + kLookahead;  // step_start(lo) <= t < step_start(hi)
   while (hi - lo > 1) {
@@ -607,10 +612,10 @@ __host__ __device__ __forceinline__ Item item_of(const QkvGrid& g, int t) {
   int r = t - step_start(g, lo);
   if (lo < g.groups) {
     const int head0 = lo * g.group_heads, heads = min(g.group_heads, g.kv_heads - head0);
-    if (r < heads * g.chunks) return {ItemKind::kStats, r % g.chunks, head0 + r / g.chunks};
+    if (r < heads * g.chunks) return {ItemKind::kStats, r % g.chunks, g.kv_heads - 1 - (head0 + r / g.chunks)};
     r -= heads * g.chunks;
   }
-  const int bh = (lo - kLookahead) * g.group_heads + r / g.head_items;
+  const int bh = g.kv_heads - 1 - ((lo - kLookahead) * g.group_heads + r / g.head_items);
   r %= g.head_items;
   if (r < g.v_tiles) return {ItemKind::kV, r, bh};
   r -= g.v_tiles;

@@ -5,7 +5,9 @@
 //   - an item that waits for its (b, hkv)'s statistics (V tiles, K blocks; Q tiles with the
 //     correction) comes after all of that head's stats items: the order the kernel's freedom from
 //     deadlock rests on (the GPU starts a grid's CTAs in increasing blockIdx.x);
-//   - with two launches (g.waits false), the first holds exactly the stats items.
+//   - with two launches (g.waits false), the first holds exactly the stats items;
+//   - the last item quantizes head 0 (b = 0, hkv = 0): the heads go from the last to the first, so
+//     the attention kernel, which draws the first heads first, finds their outputs in L2.
 // Usage: quant_qkv_items "batch heads_q heads_kv nq nk head_dim corr" ...; prints one line per shape
 // ("ok ..." or "FAIL ...") and exits 1 if any failed.
 #include <cstdio>
@@ -68,6 +70,10 @@ bool check(int batch, int heads_q, int heads_kv, int nq, int nk, int head_dim, b
     for (const int64_t t : seen[k]) {
       if (t < 0) return fail("item never decoded", items);
     }
+  }
+  const Item last = item_of(g, static_cast<int>(items - 1));
+  if ((last.kind == ItemKind::kQ ? last.head / g.kv_group : last.head) != 0) {
+    return fail("the last item is not head 0's", items - 1);
   }
   for (int64_t h = 0; h < kv_heads; ++h) {
     if (first_waiting[h] < items && first_waiting[h] < last_stats[h]) {
