@@ -2,9 +2,11 @@
 // (quant.h, QuantQkvArgs).
 // The workspace holds the statistics' K chunk partials, float32 [B, Hkv, chunks, d_pad] (every slot
 // written once in the launch), then V's channel maxima, float32 [B, Hkv, d_pad], and int counters: one
-// done counter per (b, hkv). clear_kernel zeroes the maxima and the counters; the quantization
-// launched behind it starts at once (programmatic stream serialization) and waits for it
-// (griddepcontrol.wait) only where it first touches them, after its loads are on their way. Each
+// done counter per (b, hkv). clear_kernel zeroes the maxima and the counters. It is itself a
+// programmatic dependent of the kernel before the call (its CTAs set up before that one ends, then
+// wait for it: 1.5-2 us off a call in a stream of calls, bench/NOTES.md); the quantization launched
+// behind it starts as it does and waits for it (griddepcontrol.wait) only where it first touches
+// them, after its loads are on their way. Each
 // CTA of quant_qkv_kernel does one work item, the item of its blockIdx.x:
 //
 // - stats item (chunk, b, hkv): reads `chunk` tokens of K and V, writes per channel the float32 sum
@@ -183,9 +185,11 @@ __device__ __forceinline__ unsigned* v_max(const QuantQkvArgs& a, const QkvGrid&
   return reinterpret_cast<unsigned*>(a.workspace + v_max_offset(g.kv_heads, g.chunks, D_PAD)) + int64_t{bh} * D_PAD;
 }
 
-// Zeroes `words` 4-byte words from `p` (16-byte aligned): V's channel maxima and the counters. Lets
-// the quantization behind it start first.
+// Zeroes `words` 4-byte words from `p` (16-byte aligned): V's channel maxima and the counters. Launched
+// as a programmatic dependent of whatever kernel precedes the call (its CTAs set up before that one
+// ends), it waits for it first; then it lets the quantization behind it start.
 __global__ void __launch_bounds__(kThreads) clear_kernel(uint32_t* p, int64_t words) {
+  grid_dependency_wait();  // the kernel before: its writes (the inputs, an earlier call's use of p)
   allow_dependent_grid();
   const int64_t stride = int64_t{gridDim.x} * kThreads, first = int64_t{blockIdx.x} * kThreads + threadIdx.x;
   for (int64_t i = first; i < words / 4; i += stride) reinterpret_cast<uint4*>(p)[i] = make_uint4(0, 0, 0, 0);
@@ -731,9 +735,8 @@ cudaError_t launch(const QuantQkvArgs& a, cudaStream_t stream) {
       counters_offset(kv_heads, g.chunks, D_PAD) - v_max_offset(kv_heads, g.chunks, D_PAD) + counter_ints(kv_heads);
   // One 16-byte store per thread and pass (the last few words one by one), at least one CTA.
   const int64_t clear_ctas = std::clamp<int64_t>((cleared_words / 4 + kThreads - 1) / kThreads, 1, kClearCtas);
-  clear_kernel<<<static_cast<unsigned>(clear_ctas), kThreads, 0, stream>>>(reinterpret_cast<uint32_t*>(cleared),
-                                                                          cleared_words);
-  cudaError_t err = cudaGetLastError();
+  cudaError_t err = launch_kernel(clear_kernel, dim3(static_cast<unsigned>(clear_ctas)), dim3(kThreads), 0, stream,
+                                  true, reinterpret_cast<uint32_t*>(cleared), cleared_words);
   if (err != cudaSuccess) return err;
   if (g.waits) return launch_items<T, D_PAD, kAligned>(a, g, items, true, stream);
   // Long stats items: their one group in one launch left the quantizing CTAs waiting (10-13% slower
