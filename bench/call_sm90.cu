@@ -11,12 +11,13 @@
 // Prints µs per call (the median of `passes` passes of 20 calls each), the attention's TOPS and a hash
 // of the call's output: two builds that should agree bit for bit print the same hash. CALL_NO_SPLIT=1
 // in the environment runs whole tiles only (no split plan for the last wave); -DCALL_HEAD_DIM=64 builds
-// it for head dim 64.
+// it for head dim 64. -DSAGE_QUANT_TIMES also prints the quantization's timeline (quant_timeline).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <vector>
 
 #include "bench_cuda.cuh"
@@ -41,6 +42,62 @@ unsigned long long output_hash(const void* out, int64_t elems) {
   for (const uint16_t x : host) h = (h ^ x) * 1099511628211ull;
   return h;
 }
+
+#ifdef SAGE_QUANT_TIMES
+}  // namespace
+namespace sage {
+cudaError_t quant_qkv_times(long long* host, int ctas);
+}
+namespace {
+
+// -DSAGE_QUANT_TIMES (built into csrc/fused/quant_qkv.cu as well): one more quantization, then per item
+// kind its CTAs' mean life and statistics wait, and the CTAs running over the launch's span in ten bins.
+void quant_timeline(const std::function<void()>& quant) {
+  constexpr int kMax = 1 << 16, kF = 5;
+  std::vector<long long> t(size_t(kMax) * kF);
+  CHECK(sage::quant_qkv_times(t.data(), kMax));  // zeroes them
+  quant();
+  CHECK(cudaDeviceSynchronize());
+  CHECK(sage::quant_qkv_times(t.data(), kMax));
+  const char* names[4] = {"stats", "V tile", "K block", "Q tile"};
+  long long begin = -1, end = 0;
+  int ctas = 0;
+  double life[4] = {}, wait[4] = {};
+  int count[4] = {}, waited[4] = {};
+  for (int c = 0; c < kMax; ++c) {
+    const long long* f = &t[size_t(c) * kF];
+    if (f[2] == 0) continue;
+    ++ctas;
+    begin = begin < 0 ? f[2] : std::min(begin, f[2]);
+    end = std::max(end, f[4]);
+    const int k = int(f[1]);
+    life[k] += f[4] - f[2];
+    ++count[k];
+    if (f[3] > 0) wait[k] += f[3] - f[2], ++waited[k];
+  }
+  std::printf("quantization timeline: %d CTAs, span %.1f us\n", ctas, (end - begin) * 1e-3);
+  for (int k = 0; k < 4; ++k) {
+    if (count[k] == 0) continue;
+    std::printf("  %-8s %5d CTAs, life %.2f us", names[k], count[k], life[k] / count[k] * 1e-3);
+    if (waited[k]) std::printf(", start -> statistics in %.2f us", wait[k] / waited[k] * 1e-3);
+    std::printf("\n");
+  }
+  constexpr int kBins = 12;
+  std::printf("  CTAs running (mean over each twelfth of the span), by kind stats/V/K/Q:\n ");
+  for (int bin = 0; bin < kBins; ++bin) {
+    const double b0 = begin + double(end - begin) * bin / kBins, b1 = begin + double(end - begin) * (bin + 1) / kBins;
+    double run[4] = {};
+    for (int c = 0; c < kMax; ++c) {
+      const long long* f = &t[size_t(c) * kF];
+      if (f[2] == 0) continue;
+      const double o = std::min<double>(f[4], b1) - std::max<double>(f[2], b0);
+      if (o > 0) run[f[1]] += o / (b1 - b0);
+    }
+    std::printf(" %.0f/%.0f/%.0f/%.0f", run[0], run[1], run[2], run[3]);
+  }
+  std::printf("\n");
+}
+#endif
 
 }  // namespace
 
@@ -97,6 +154,9 @@ int main(int argc, char** argv) {
     std::sort(t[what].begin(), t[what].end());
     med[what] = t[what][t[what].size() / 2];
   }
+#ifdef SAGE_QUANT_TIMES
+  quant_timeline(quant);
+#endif
   const double flops = 4.0 * batch * heads * double(n) * n * D * (causal ? 0.5 : 1.0);
   std::printf("n=%d b=%d h=%d %s: quantization %.1f us, attention %.1f us (%.0f TOPS), call %.1f us (%.0f TOPS), "
               "call - parts %.1f us, output hash %016llx\n",

@@ -196,6 +196,27 @@ __global__ void __launch_bounds__(kThreads) clear_kernel(uint32_t* p, int64_t wo
   for (int64_t i = words / 4 * 4 + first; i < words; i += stride) p[i] = 0;
 }
 
+#ifdef SAGE_QUANT_TIMES
+// Per CTA (blockIdx.x + item_base, the first kQuantTimesMax): SM, item kind, globaltimer at its start,
+// after its statistics wait (items that wait), at its end. Built into bench/call_sm90.cu only.
+constexpr int kQuantTimesMax = 1 << 16, kQuantTimeFields = 5;
+__device__ long long g_quant_times[kQuantTimesMax][kQuantTimeFields];
+__device__ __forceinline__ long long quant_now() {
+  long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#define SAGE_QUANT_TIME(field, value)                                                     \
+  do {                                                                                    \
+    const int cta_ = static_cast<int>(blockIdx.x) + g.item_base;                         \
+    if (threadIdx.x == 0 && cta_ < kQuantTimesMax) g_quant_times[cta_][field] = (value); \
+  } while (0)
+#else
+#define SAGE_QUANT_TIME(field, value) \
+  do {                                \
+  } while (0)
+#endif
+
 __device__ __forceinline__ int load_acquire(const int* p) {
   int v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -304,6 +325,7 @@ template <int D_PAD>
 __device__ __forceinline__ void wait_stats(const QuantQkvArgs& a, const QkvGrid& g, int bh) {
   grid_dependency_wait();  // the counters and V's maxima, zeroed by clear_kernel
   if (g.waits) wait_done(qkv_counters<D_PAD>(a, g) + bh, g.chunks);
+  SAGE_QUANT_TIME(3, quant_now());
 }
 
 // (b, hkv) = bh's K mean from its stats items' chunk partials (chunk_partials), chunk 0 first, into
@@ -648,12 +670,19 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) quant_qkv_kernel(const Q
   __shared__ float warp_max[kWarps];
   __shared__ Item item;
   int* counters = qkv_counters<D_PAD>(a, g);
+#ifdef SAGE_QUANT_TIMES
+  unsigned sm;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  SAGE_QUANT_TIME(0, sm);
+  SAGE_QUANT_TIME(2, quant_now());
+#endif
   if (threadIdx.x == 0) {
     item = item_of(g, static_cast<int>(blockIdx.x) + g.item_base);
   }
   __syncthreads();
   allow_dependent_grid();  // the attention kernel behind it may take SMs as this launch's last CTAs start
   const Item it = item;
+  SAGE_QUANT_TIME(1, static_cast<int>(it.kind));
   switch (it.kind) {
     case ItemKind::kStats:
       qkv_stats<T, D_PAD, kAligned>(a, g, it.index, it.head, smem);
@@ -672,6 +701,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) quant_qkv_kernel(const Q
   // Every CTA, also one that touched nothing clear_kernel zeroes: the attention kernel behind this
   // launch waits for its completion, and reads a spare int (its tile counter) that clear_kernel zeroes.
   grid_dependency_wait();
+  SAGE_QUANT_TIME(4, quant_now());
 }
 
 // Launches quant_qkv_kernel for `ctas` items from g.item_base; with `after_clear`, as the dependent
@@ -786,6 +816,17 @@ int64_t quant_qkv_workspace_floats(int batch, int heads_kv, int nk, int d_pad) {
 int64_t quant_qkv_spare_int_offset(int batch, int heads_kv, int nk, int d_pad) {
   return counters_start(batch, heads_kv, nk, d_pad) + spare_ints(static_cast<int64_t>(batch) * heads_kv);
 }
+
+#ifdef SAGE_QUANT_TIMES
+// bench/call_sm90.cu: copies the first `ctas` CTAs' times to `host` ([ctas][5]), then zeroes them all.
+cudaError_t quant_qkv_times(long long* host, int ctas) {
+  const int n = ctas < kQuantTimesMax ? ctas : kQuantTimesMax;
+  cudaError_t err = cudaMemcpyFromSymbol(host, g_quant_times, sizeof(long long) * kQuantTimeFields * n);
+  void* p = nullptr;
+  if (err == cudaSuccess) err = cudaGetSymbolAddress(&p, g_quant_times);
+  return err == cudaSuccess ? cudaMemset(p, 0, sizeof(g_quant_times)) : err;
+}
+#endif
 
 cudaError_t launch_quant_qkv_sm90(const QuantQkvArgs& args, cudaStream_t stream) {
   const bool shapes_ok = args.batch >= 1 && args.heads_kv >= 1 && args.heads_q % args.heads_kv == 0 &&
