@@ -51,3 +51,15 @@ def test_the_documented_command_builds_it(source, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # the command's paths are the repository's
     compile_nvcc(command[1:])
     assert (tmp_path / Path(command[out]).name).is_file()
+
+
+@pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
+def test_call_harness_builds_with_the_quantization_timeline(tmp_path, monkeypatch):
+    """-DSAGE_QUANT_TIMES (its header's option) compiles the fused quantization's timestamps and the
+    harness's summary of them: code that nothing else builds."""
+    command = documented_command(ROOT / "bench" / "call_sm90.cu")
+    out = command.index("-o") + 1
+    command[out] = str(tmp_path / "call_times")
+    monkeypatch.chdir(ROOT)
+    compile_nvcc([*command[1:], "-DSAGE_QUANT_TIMES"])
+    assert (tmp_path / "call_times").is_file()
