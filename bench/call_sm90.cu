@@ -51,7 +51,7 @@ cudaError_t quant_qkv_times(long long* host, int ctas);
 namespace {
 
 // -DSAGE_QUANT_TIMES (built into csrc/fused/quant_qkv.cu as well): one more quantization, then per item
-// kind its CTAs' mean life and statistics wait, and the CTAs running over the launch's span in ten bins.
+// kind its CTAs' mean life and statistics wait, and the CTAs running over the launch's span in twelve bins.
 void quant_timeline(const std::function<void()>& quant) {
   constexpr int kMax = 1 << 16, kF = 5;
   std::vector<long long> t(size_t(kMax) * kF);

@@ -4,7 +4,7 @@
 // written once in the launch), then V's channel maxima, float32 [B, Hkv, d_pad], and int counters: one
 // done counter per (b, hkv). clear_kernel zeroes the maxima and the counters. It is itself a
 // programmatic dependent of the kernel before the call (its CTAs set up before that one ends, then
-// wait for it: 1.5-2 us off a call in a stream of calls, bench/NOTES.md); the quantization launched
+// wait for it: 1.2-2 us off a call in a stream of calls, bench/NOTES.md); the quantization launched
 // behind it starts as it does and waits for it (griddepcontrol.wait) only where it first touches
 // them, after its loads are on their way. Each
 // CTA of quant_qkv_kernel does one work item, the item of its blockIdx.x:
