@@ -2,7 +2,8 @@
 # One GPU-machine session, by steps (default: all of them, in this order):
 #   build     sagebuild builds the wheel (torch of the machine, sm_90a) into $OUT/wheelhouse, installs it
 #             into /tmp/site and copies its compiled modules into the checkout for the benchmarks
-#   test      install it outside the checkout and run the GPU tests against the installed wheel
+#   test      install it outside the checkout and run the GPU tests against the installed wheel (-c /dev/null keeps
+#             pyproject.toml's settings out, so the gpu mark is declared on the command line)
 #   accuracy  bench/accuracy.py (the accuracy protocol, README's Accuracy)
 #   bench     bench/bench_attention.py (the speed protocol, README's Speed) and the diffusion shape
 #   sweep     bench/sweep_triton.py with $SWEEP_ARGS
@@ -37,7 +38,8 @@ for s in "${steps[@]}"; do
       step "GPU tests against the installed wheel"
       # shellcheck disable=SC2086
       (cd /tmp && PYTHONPATH=$site timeout "${TEST_TIMEOUT:-420}" python -m pytest -q -rfEs -p no:cacheprovider \
-        -c /dev/null --rootdir "$repo/tests" -m gpu ${PYTEST_ARGS:-"$repo/tests/gpu"} >"$OUT/gpu-tests.log" 2>&1)
+        -c /dev/null -o "markers=gpu: needs a CUDA GPU" --rootdir "$repo/tests" -m gpu \
+        ${PYTEST_ARGS:-"$repo/tests/gpu"} >"$OUT/gpu-tests.log" 2>&1)
       echo "pytest rc=$?"; grep -E "passed|failed|error" "$OUT/gpu-tests.log" | tail -3
       grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -30
       ;;
