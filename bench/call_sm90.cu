@@ -44,21 +44,16 @@ unsigned long long output_hash(const void* out, int64_t elems) {
 }
 
 #ifdef SAGE_QUANT_TIMES
-}  // namespace
-namespace sage {
-cudaError_t quant_qkv_times(long long* host, int ctas);
-}
-namespace {
-
 // -DSAGE_QUANT_TIMES (built into csrc/fused/quant_qkv.cu as well): one more quantization, then per item
 // kind its CTAs' mean life and statistics wait, and the CTAs running over the launch's span in twelve bins.
 void quant_timeline(const std::function<void()>& quant) {
-  constexpr int kMax = 1 << 16, kF = 5;
+  using namespace sage;
+  constexpr int kMax = kQuantTimesMax, kF = kQuantTimeFields;
   std::vector<long long> t(size_t(kMax) * kF);
-  CHECK(sage::quant_qkv_times(t.data(), kMax));  // zeroes them
+  CHECK(quant_qkv_times(t.data(), kMax));  // zeroes them
   quant();
   CHECK(cudaDeviceSynchronize());
-  CHECK(sage::quant_qkv_times(t.data(), kMax));
+  CHECK(quant_qkv_times(t.data(), kMax));
   const char* names[4] = {"stats", "V tile", "K block", "Q tile"};
   long long begin = -1, end = 0;
   int ctas = 0;
@@ -66,14 +61,14 @@ void quant_timeline(const std::function<void()>& quant) {
   int count[4] = {}, waited[4] = {};
   for (int c = 0; c < kMax; ++c) {
     const long long* f = &t[size_t(c) * kF];
-    if (f[2] == 0) continue;
+    if (f[kQtStart] == 0) continue;
     ++ctas;
-    begin = begin < 0 ? f[2] : std::min(begin, f[2]);
-    end = std::max(end, f[4]);
-    const int k = int(f[1]);
-    life[k] += f[4] - f[2];
+    begin = begin < 0 ? f[kQtStart] : std::min(begin, f[kQtStart]);
+    end = std::max(end, f[kQtEnd]);
+    const int k = int(f[kQtKind]);
+    life[k] += f[kQtEnd] - f[kQtStart];
     ++count[k];
-    if (f[3] > 0) wait[k] += f[3] - f[2], ++waited[k];
+    if (f[kQtStatsDone] > 0) wait[k] += f[kQtStatsDone] - f[kQtStart], ++waited[k];
   }
   std::printf("quantization timeline: %d CTAs, span %.1f us\n", ctas, (end - begin) * 1e-3);
   for (int k = 0; k < 4; ++k) {
@@ -89,9 +84,9 @@ void quant_timeline(const std::function<void()>& quant) {
     double run[4] = {};
     for (int c = 0; c < kMax; ++c) {
       const long long* f = &t[size_t(c) * kF];
-      if (f[2] == 0) continue;
-      const double o = std::min<double>(f[4], b1) - std::max<double>(f[2], b0);
-      if (o > 0) run[f[1]] += o / (b1 - b0);
+      if (f[kQtStart] == 0) continue;
+      const double o = std::min<double>(f[kQtEnd], b1) - std::max<double>(f[kQtStart], b0);
+      if (o > 0) run[f[kQtKind]] += o / (b1 - b0);
     }
     std::printf(" %.0f/%.0f/%.0f/%.0f", run[0], run[1], run[2], run[3]);
   }

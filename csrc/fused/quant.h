@@ -99,4 +99,14 @@ int64_t quant_qkv_spare_int_offset(int batch, int heads_kv, int nk, int d_pad);
 
 cudaError_t launch_quant_qkv_sm90(const QuantQkvArgs& args, cudaStream_t stream);
 
+#ifdef SAGE_QUANT_TIMES
+// Built with -DSAGE_QUANT_TIMES (bench/call_sm90.cu only): every CTA of the fused quantization, the
+// first kQuantTimesMax of a launch's items, records these fields (globaltimer ns; stats_done only
+// for items that wait for their statistics).
+enum QuantTimeField { kQtSm, kQtKind, kQtStart, kQtStatsDone, kQtEnd, kQuantTimeFields };
+constexpr int kQuantTimesMax = 1 << 16;
+// Copies the first `ctas` CTAs' records to `host` ([ctas][kQuantTimeFields]), then zeroes them all.
+cudaError_t quant_qkv_times(long long* host, int ctas);
+#endif
+
 }  // namespace sage

@@ -197,9 +197,7 @@ __global__ void __launch_bounds__(kThreads) clear_kernel(uint32_t* p, int64_t wo
 }
 
 #ifdef SAGE_QUANT_TIMES
-// Per CTA (blockIdx.x + item_base, the first kQuantTimesMax): SM, item kind, globaltimer at its start,
-// after its statistics wait (items that wait), at its end. Built into bench/call_sm90.cu only.
-constexpr int kQuantTimesMax = 1 << 16, kQuantTimeFields = 5;
+// Per CTA (blockIdx.x + item_base, the first kQuantTimesMax): the QuantTimeField records (quant.h).
 __device__ long long g_quant_times[kQuantTimesMax][kQuantTimeFields];
 __device__ __forceinline__ long long quant_now() {
   long long t;
@@ -325,7 +323,7 @@ template <int D_PAD>
 __device__ __forceinline__ void wait_stats(const QuantQkvArgs& a, const QkvGrid& g, int bh) {
   grid_dependency_wait();  // the counters and V's maxima, zeroed by clear_kernel
   if (g.waits) wait_done(qkv_counters<D_PAD>(a, g) + bh, g.chunks);
-  SAGE_QUANT_TIME(3, quant_now());
+  SAGE_QUANT_TIME(kQtStatsDone, quant_now());
 }
 
 // (b, hkv) = bh's K mean from its stats items' chunk partials (chunk_partials), chunk 0 first, into
@@ -673,8 +671,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) quant_qkv_kernel(const Q
 #ifdef SAGE_QUANT_TIMES
   unsigned sm;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-  SAGE_QUANT_TIME(0, sm);
-  SAGE_QUANT_TIME(2, quant_now());
+  SAGE_QUANT_TIME(kQtSm, sm);
+  SAGE_QUANT_TIME(kQtStart, quant_now());
 #endif
   if (threadIdx.x == 0) {
     item = item_of(g, static_cast<int>(blockIdx.x) + g.item_base);
@@ -682,7 +680,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) quant_qkv_kernel(const Q
   __syncthreads();
   allow_dependent_grid();  // the attention kernel behind it may take SMs as this launch's last CTAs start
   const Item it = item;
-  SAGE_QUANT_TIME(1, static_cast<int>(it.kind));
+  SAGE_QUANT_TIME(kQtKind, static_cast<int>(it.kind));
   switch (it.kind) {
     case ItemKind::kStats:
       qkv_stats<T, D_PAD, kAligned>(a, g, it.index, it.head, smem);
@@ -701,7 +699,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) quant_qkv_kernel(const Q
   // Every CTA, also one that touched nothing clear_kernel zeroes: the attention kernel behind this
   // launch waits for its completion, and reads a spare int (its tile counter) that clear_kernel zeroes.
   grid_dependency_wait();
-  SAGE_QUANT_TIME(4, quant_now());
+  SAGE_QUANT_TIME(kQtEnd, quant_now());
 }
 
 // Launches quant_qkv_kernel for `ctas` items from g.item_base; with `after_clear`, as the dependent
@@ -818,7 +816,7 @@ int64_t quant_qkv_spare_int_offset(int batch, int heads_kv, int nk, int d_pad) {
 }
 
 #ifdef SAGE_QUANT_TIMES
-// bench/call_sm90.cu: copies the first `ctas` CTAs' times to `host` ([ctas][5]), then zeroes them all.
+// bench/call_sm90.cu's copy of the records (quant.h).
 cudaError_t quant_qkv_times(long long* host, int ctas) {
   const int n = ctas < kQuantTimesMax ? ctas : kQuantTimesMax;
   cudaError_t err = cudaMemcpyFromSymbol(host, g_quant_times, sizeof(long long) * kQuantTimeFields * n);

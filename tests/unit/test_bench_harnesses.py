@@ -42,24 +42,19 @@ def test_the_header_names_the_file_itself(source):
     assert "-o" in command, "the command names its binary"
 
 
+# Each harness as documented, and call_sm90 with -DSAGE_QUANT_TIMES (its header's option): the fused
+# quantization's timestamps and the harness's summary of them, code that nothing else builds.
+BUILDS = [pytest.param(source, (), id=source.stem) for source in HARNESSES] + [
+    pytest.param(ROOT / "bench" / "call_sm90.cu", ("-DSAGE_QUANT_TIMES",), id="call_sm90-quant-times")
+]
+
+
 @pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
-@pytest.mark.parametrize("source", HARNESSES, ids=lambda p: p.stem)
-def test_the_documented_command_builds_it(source, tmp_path, monkeypatch):
+@pytest.mark.parametrize(("source", "extra"), BUILDS)
+def test_the_documented_command_builds_it(source, extra, tmp_path, monkeypatch):
     command = documented_command(source)
     out = command.index("-o") + 1
     command[out] = str(tmp_path / Path(command[out]).name)
     monkeypatch.chdir(ROOT)  # the command's paths are the repository's
-    compile_nvcc(command[1:])
+    compile_nvcc([*command[1:], *extra])
     assert (tmp_path / Path(command[out]).name).is_file()
-
-
-@pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
-def test_call_harness_builds_with_the_quantization_timeline(tmp_path, monkeypatch):
-    """-DSAGE_QUANT_TIMES (its header's option) compiles the fused quantization's timestamps and the
-    harness's summary of them: code that nothing else builds."""
-    command = documented_command(ROOT / "bench" / "call_sm90.cu")
-    out = command.index("-o") + 1
-    command[out] = str(tmp_path / "call_times")
-    monkeypatch.chdir(ROOT)
-    compile_nvcc([*command[1:], "-DSAGE_QUANT_TIMES"])
-    assert (tmp_path / "call_times").is_file()
