@@ -11,7 +11,8 @@
 // Prints µs per call (the median of `passes` passes of 20 calls each), the attention's TOPS and a hash
 // of the call's output: two builds that should agree bit for bit print the same hash. The flushed call
 // is the call timed as the DESIGN protocol times it (triton.testing.do_bench): after 256 MiB of zeros
-// written to flush the L2, from the end of those writes. CALL_NO_SPLIT=1
+// written to flush the L2, from the end of those writes; CALL_FLUSHED_PARTS=1 times the quantization
+// and the attention that way too. CALL_NO_SPLIT=1
 // in the environment runs whole tiles only (no split plan for the last wave); -DCALL_HEAD_DIM=64 builds
 // it for head dim 64. -DSAGE_QUANT_TIMES also prints the quantization's timeline (quant_timeline).
 #include <cuda_runtime.h>
@@ -133,16 +134,17 @@ int main(int argc, char** argv) {
   uint8_t* flush = dev<uint8_t>(kFlushBytes);
   std::vector<cudaEvent_t> marks(2 * kCalls);
   for (cudaEvent_t& e : marks) CHECK(cudaEventCreate(&e));
-  // One pass of kCalls: what = 0 quantization, 1 attention, 2 both (the call), 3 the call after a
+  // One pass of kCalls: what = 0 quantization, 1 attention, 2 both (the call); 3, 4, 5 the same after a
   // flush of the L2 each time (timed from the flush's end, as do_bench times it). µs per call.
   const auto pass = [&](int what) {
-    if (what == 3) {
+    if (what >= 3) {
+      if (what == 4) CHECK(cudaMemsetAsync(alone_counters, 0, sizeof(int) * kCalls * kQkvSpareInts, s));
       float sum = 0;
       for (int i = 0; i < kCalls; ++i) {
         CHECK(cudaMemsetAsync(flush, 0, kFlushBytes, s));
         CHECK(cudaEventRecord(marks[2 * i], s));
-        quant();
-        attention(call_counter);
+        if (what != 4) quant();
+        if (what != 3) attention(what == 4 ? alone_counters + int64_t(i) * kQkvSpareInts : call_counter);
         CHECK(cudaEventRecord(marks[2 * i + 1], s));
       }
       CHECK(cudaStreamSynchronize(s));
@@ -165,13 +167,18 @@ int main(int argc, char** argv) {
     CHECK(cudaEventElapsedTime(&ms, e0, e1));
     return ms * 1e3f / kCalls;
   };
-  for (int what = 0; what < 4; ++what) pass(what);  // warm-up
-  std::vector<float> t[4];
-  for (int p = 0; p < passes; ++p) {
-    for (int what = 0; what < 4; ++what) t[what].push_back(pass(what));
+  // CALL_FLUSHED_PARTS=1: the quantization and the attention flushed too (kinds 3 and 4).
+  const bool flushed_parts = std::getenv("CALL_FLUSHED_PARTS") != nullptr;
+  const auto timed = [&](int what) { return what < 3 || what == 5 || flushed_parts; };
+  for (int what = 0; what < 6; ++what) {
+    if (timed(what)) pass(what);  // warm-up
   }
-  float med[4];
-  for (int what = 0; what < 4; ++what) {
+  std::vector<float> t[6];
+  for (int p = 0; p < passes; ++p) {
+    for (int what = 0; what < 6; ++what) t[what].push_back(timed(what) ? pass(what) : 0.0f);
+  }
+  float med[6];
+  for (int what = 0; what < 6; ++what) {
     std::sort(t[what].begin(), t[what].end());
     med[what] = t[what][t[what].size() / 2];
   }
@@ -182,7 +189,8 @@ int main(int argc, char** argv) {
   std::printf("n=%d b=%d h=%d %s: quantization %.1f us, attention %.1f us (%.0f TOPS), call %.1f us (%.0f TOPS), "
               "call - parts %.1f us, flushed call %.1f us (%.0f TOPS), output hash %016llx\n",
               n, batch, heads, causal ? "causal" : "non-causal", med[0], med[1], flops / med[1] * 1e-6, med[2],
-              flops / med[2] * 1e-6, med[2] - med[0] - med[1], med[3], flops / med[3] * 1e-6,
+              flops / med[2] * 1e-6, med[2] - med[0] - med[1], med[5], flops / med[5] * 1e-6,
               output_hash(in.out, elems));
+  if (flushed_parts) std::printf("flushed: quantization %.1f us, attention %.1f us\n", med[3], med[4]);
   return 0;
 }
