@@ -120,67 +120,60 @@ int main(int argc, char** argv) {
 
   cudaStream_t s;
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
   const auto quant = [&]() { CHECK(launch_quant_qkv_sm90(a, s)); };
   const auto attention = [&](int* counter) {
     b.tile_counter = counter;
     CHECK(launch_qk_int8_sv_f8_attn_sm90(b, s));
   };
   // The protocol's L2 flush (triton.testing.do_bench zeroes 256 MiB before each call), for the flushed
-  // calls' pass.
+  // passes, which time each call alone, from the flush's end, as do_bench does.
   constexpr size_t kFlushBytes = size_t{256} << 20;
   uint8_t* flush = dev<uint8_t>(kFlushBytes);
+  // Event pairs around what a pass times: the whole pass (back to back), or each call (flushed).
   std::vector<cudaEvent_t> marks(2 * kCalls);
   for (cudaEvent_t& e : marks) CHECK(cudaEventCreate(&e));
-  // One pass of kCalls: what = 0 quantization, 1 attention, 2 both (the call); 3, 4, 5 the same after a
-  // flush of the L2 each time (timed from the flush's end, as do_bench times it). µs per call.
-  const auto pass = [&](int what) {
-    if (what >= 3) {
-      if (what == 4) CHECK(cudaMemsetAsync(alone_counters, 0, sizeof(int) * kCalls * kQkvSpareInts, s));
-      float sum = 0;
-      for (int i = 0; i < kCalls; ++i) {
-        CHECK(cudaMemsetAsync(flush, 0, kFlushBytes, s));
-        CHECK(cudaEventRecord(marks[2 * i], s));
-        if (what != 4) quant();
-        if (what != 3) attention(what == 4 ? alone_counters + int64_t(i) * kQkvSpareInts : call_counter);
-        CHECK(cudaEventRecord(marks[2 * i + 1], s));
-      }
-      CHECK(cudaStreamSynchronize(s));
-      for (int i = 0; i < kCalls; ++i) {
-        float ms = 0;
-        CHECK(cudaEventElapsedTime(&ms, marks[2 * i], marks[2 * i + 1]));
-        sum += ms;
-      }
-      return sum * 1e3f / kCalls;
-    }
+  // One pass of kCalls: what = 0 quantization, 1 attention, 2 both (the call); `flushed`: each after a
+  // flush of the L2. µs per call.
+  const auto pass = [&](int what, bool flushed) {
     if (what == 1) CHECK(cudaMemsetAsync(alone_counters, 0, sizeof(int) * kCalls * kQkvSpareInts, s));
-    CHECK(cudaEventRecord(e0, s));
+    const int pairs = flushed ? kCalls : 1;
     for (int i = 0; i < kCalls; ++i) {
+      if (flushed) CHECK(cudaMemsetAsync(flush, 0, kFlushBytes, s));
+      if (flushed || i == 0) CHECK(cudaEventRecord(marks[2 * (i % pairs)], s));
       if (what != 1) quant();
       if (what != 0) attention(what == 1 ? alone_counters + int64_t(i) * kQkvSpareInts : call_counter);
+      if (flushed || i == kCalls - 1) CHECK(cudaEventRecord(marks[2 * (i % pairs) + 1], s));
     }
-    CHECK(cudaEventRecord(e1, s));
-    CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    return ms * 1e3f / kCalls;
+    CHECK(cudaStreamSynchronize(s));
+    float sum = 0;
+    for (int i = 0; i < pairs; ++i) {
+      float ms = 0;
+      CHECK(cudaEventElapsedTime(&ms, marks[2 * i], marks[2 * i + 1]));
+      sum += ms;
+    }
+    return sum * 1e3f / kCalls;
   };
-  // CALL_FLUSHED_PARTS=1: the quantization and the attention flushed too (kinds 3 and 4).
+  // Back to back, then flushed: the call always, the quantization and the attention alone with
+  // CALL_FLUSHED_PARTS=1.
   const bool flushed_parts = std::getenv("CALL_FLUSHED_PARTS") != nullptr;
-  const auto timed = [&](int what) { return what < 3 || what == 5 || flushed_parts; };
-  for (int what = 0; what < 6; ++what) {
-    if (timed(what)) pass(what);  // warm-up
+  const auto timed = [&](int what, bool flushed) { return !flushed || what == 2 || flushed_parts; };
+  for (int f = 0; f < 2; ++f) {
+    for (int what = 0; what < 3; ++what) {
+      if (timed(what, f)) pass(what, f);  // warm-up
+    }
   }
-  std::vector<float> t[6];
+  std::vector<float> t[2][3];
   for (int p = 0; p < passes; ++p) {
-    for (int what = 0; what < 6; ++what) t[what].push_back(timed(what) ? pass(what) : 0.0f);
+    for (int f = 0; f < 2; ++f) {
+      for (int what = 0; what < 3; ++what) t[f][what].push_back(timed(what, f) ? pass(what, f) : 0.0f);
+    }
   }
-  float med[6];
-  for (int what = 0; what < 6; ++what) {
-    std::sort(t[what].begin(), t[what].end());
-    med[what] = t[what][t[what].size() / 2];
+  float med[2][3];
+  for (int f = 0; f < 2; ++f) {
+    for (int what = 0; what < 3; ++what) {
+      std::sort(t[f][what].begin(), t[f][what].end());
+      med[f][what] = t[f][what][t[f][what].size() / 2];
+    }
   }
 #ifdef SAGE_QUANT_TIMES
   quant_timeline(quant);
@@ -188,9 +181,9 @@ int main(int argc, char** argv) {
   const double flops = 4.0 * batch * heads * double(n) * n * D * (causal ? 0.5 : 1.0);
   std::printf("n=%d b=%d h=%d %s: quantization %.1f us, attention %.1f us (%.0f TOPS), call %.1f us (%.0f TOPS), "
               "call - parts %.1f us, flushed call %.1f us (%.0f TOPS), output hash %016llx\n",
-              n, batch, heads, causal ? "causal" : "non-causal", med[0], med[1], flops / med[1] * 1e-6, med[2],
-              flops / med[2] * 1e-6, med[2] - med[0] - med[1], med[5], flops / med[5] * 1e-6,
-              output_hash(in.out, elems));
-  if (flushed_parts) std::printf("flushed: quantization %.1f us, attention %.1f us\n", med[3], med[4]);
+              n, batch, heads, causal ? "causal" : "non-causal", med[0][0], med[0][1], flops / med[0][1] * 1e-6,
+              med[0][2], flops / med[0][2] * 1e-6, med[0][2] - med[0][0] - med[0][1], med[1][2],
+              flops / med[1][2] * 1e-6, output_hash(in.out, elems));
+  if (flushed_parts) std::printf("flushed: quantization %.1f us, attention %.1f us\n", med[1][0], med[1][1]);
   return 0;
 }
