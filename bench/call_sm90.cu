@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
   constexpr int D = CALL_HEAD_DIM;
   const int64_t elems = int64_t(batch) * heads * n * D;
 
-  const QuantQkvArgs a = bench::random_qkv(n, batch, heads, D);
+  QuantQkvArgs a = bench::random_qkv(n, batch, heads, D);
   const bench::DenseAttn in{a.q_int8, a.k_int8, a.vt, a.q_scale, a.k_scale, a.v_scale, dev<uint16_t>(elems)};
   AttnSm90Args b = bench::dense_attn_args(in, batch, heads, n, n, a.n_pad, D, causal);
   // CALL_NO_SPLIT=1: whole tiles only (the last wave not split along the keys).
@@ -120,7 +120,13 @@ int main(int argc, char** argv) {
 
   cudaStream_t s;
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  const auto quant = [&]() { CHECK(launch_quant_qkv_sm90(a, s)); };
+  // The quantization clears its counters itself, as the op launches it; CALL_CLEAR_KERNEL=1: by the
+  // clearing kernel before it, as in a CUDA graph.
+  const bool clear_kernel = std::getenv("CALL_CLEAR_KERNEL") != nullptr;
+  const auto quant = [&]() {
+    a.clear_nonce = clear_kernel ? 0 : quant_qkv_clear_nonce(s);
+    CHECK(launch_quant_qkv_sm90(a, s));
+  };
   const auto attention = [&](int* counter) {
     b.tile_counter = counter;
     CHECK(launch_qk_int8_sv_f8_attn_sm90(b, s));

@@ -295,7 +295,9 @@ quant_qkv_sm90(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bo
     p[i] = t[i].data_ptr();
   }
   set_outputs(args, p, with_corr);
-  check_cuda(sage::launch_quant_qkv_sm90(args, c10::cuda::getCurrentCUDAStream().stream()), "quant_qkv_sm90");
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  args.clear_nonce = sage::quant_qkv_clear_nonce(stream);
+  check_cuda(sage::launch_quant_qkv_sm90(args, stream), "quant_qkv_sm90");
   return {t[kQInt8], t[kQScale], t[kCorr], t[kKInt8], t[kKScale], t[kVt], t[kVScale], t[kKMean]};
 }
 #endif
@@ -674,8 +676,9 @@ std::tuple<at::Tensor, at::Tensor> attn_sm90(const at::Tensor& q, const at::Tens
   std::array<void*, kQkvParts> p;
   for (int i = 0; i < kQkvParts; ++i) p[i] = scratch.data_ptr<uint8_t>() + offset[i];
   set_outputs(qa, p, with_corr);
-  check_cuda(sage::launch_quant_qkv_sm90(qa, c10::cuda::getCurrentCUDAStream().stream()),
-             "attn_sm90 (quantization)");
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  qa.clear_nonce = sage::quant_qkv_clear_nonce(stream);
+  check_cuda(sage::launch_quant_qkv_sm90(qa, stream), "attn_sm90 (quantization)");
 
   // The attention on the contiguous intermediates (strides in elements: bytes for the 8-bit ones).
   sage::AttnSm90Args args{};

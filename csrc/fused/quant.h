@@ -52,8 +52,8 @@ cudaError_t launch_quant_v_fp8_transposed(const void* v, HalfType type, Strides3
 constexpr int kQkvKeyBlock = kSm90KeyBlock;
 constexpr int kQkvKeyGroup = kSm90KeyPermuteGroup;
 
-// Q, K and V of one sm_90a attention call in one kernel launch (two for long sequences), after a small
-// kernel that zeroes the counters it keeps in the workspace and overlaps its start
+// Q, K and V of one sm_90a attention call in one kernel launch (two for long sequences) that clears the
+// counters it keeps in the workspace itself (clear_nonce), or after a small kernel that does
 // (csrc/fused/quant_qkv.cu), each output bit for bit what the launchers above give:
 //   k_mean [B, Hkv, D] (smooth_k; else null): the mean of K over its tokens (a float32 sum in an
 //     order of its own, then divided by Nk);
@@ -87,7 +87,18 @@ struct QuantQkvArgs {
   float* v_scale;
   float* k_mean;
   float* workspace;
+  // Nonzero: the launch's first CTAs clear V's maxima and the counters, and each marks its share done
+  // with this value in the workspace (the other CTAs wait for the marks); it must differ from every
+  // value an earlier launch may have left there: quant_qkv_clear_nonce gives one. 0: a kernel launched
+  // before clears them (one launch more, as a launch that will be replayed with the same arguments,
+  // in a CUDA graph, needs).
+  uint64_t clear_nonce;
 };
+
+// A clear_nonce for a launch into `stream`: a value of a process-wide sequence that starts at a random
+// point and never gives 0, or 0 while the stream is being captured into a CUDA graph (whose replays
+// repeat their arguments).
+uint64_t quant_qkv_clear_nonce(cudaStream_t stream);
 
 int64_t quant_qkv_workspace_floats(int batch, int heads_kv, int nk, int d_pad);
 // Ints of the workspace that launch_quant_qkv_sm90 sets to zero (with its counters, before its kernel)

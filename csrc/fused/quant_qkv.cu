@@ -1,13 +1,25 @@
 // Q, K and V of one sm_90a attention call quantized in one kernel launch, two for long sequences
 // (quant.h, QuantQkvArgs).
 // The workspace holds the statistics' K chunk partials, float32 [B, Hkv, chunks, d_pad] (every slot
-// written once in the launch), then V's channel maxima, float32 [B, Hkv, d_pad], and int counters: one
-// done counter per (b, hkv). clear_kernel zeroes the maxima and the counters. It is itself a
-// programmatic dependent of the kernel before the call (its CTAs set up before that one ends, then
-// wait for it: 1.2-2 us off a call in a stream of calls, bench/NOTES.md); the quantization launched
-// behind it starts as it does and waits for it (griddepcontrol.wait) only where it first touches
-// them, after its loads are on their way. Each
-// CTA of quant_qkv_kernel does one work item, the item of its blockIdx.x:
+// written once in the launch), then V's channel maxima, float32 [B, Hkv, d_pad], the counters (a
+// 64-bit done counter per (b, hkv), then the attention's spare ints) and the clear marks (kClearCtas
+// 64-bit words). The maxima and the counters start each call at zero, cleared one of two ways:
+// - by the quantization itself (QuantQkvArgs::clear_nonce != 0; the op's eager calls: one launch
+//   fewer, 0.9-1.4 us off a call at short lengths on an H200, bench/NOTES.md): the grid's first
+//   clear_slices CTAs take no item; each zeroes a share and then writes the launch's nonce into its
+//   mark. A stats item, before it touches V's maxima or its done counter, waits until every mark holds
+//   the nonce (wait_cleared). The other items only poll their done counter, whose counts make up a
+//   value of this launch's own (done_target), which neither stale data nor an earlier launch's counts
+//   give. The launch is a programmatic dependent of the kernel before it and waits for it
+//   (griddepcontrol.wait) before any memory access. Nothing resets the marks: a nonce differs from
+//   whatever an earlier launch left there (quant_qkv_clear_nonce), which a CUDA graph's replays,
+//   repeating their arguments, could not guarantee;
+// - by clear_kernel (clear_nonce == 0: launches captured into graphs), itself a programmatic dependent
+//   of the kernel before the call (its CTAs set up before that one ends, then wait for it: 1.2-2 us off
+//   a call in a stream of calls, bench/NOTES.md); the quantization launched behind it starts as it
+//   does and waits for it (griddepcontrol.wait) only where it first touches them, after its loads are
+//   on their way.
+// Each other CTA of quant_qkv_kernel does one work item, the item of its blockIdx.x - clear_slices:
 //
 // - stats item (chunk, b, hkv): reads `chunk` tokens of K and V, writes per channel the float32 sum
 //   of K (smooth-K only) over its chunk into the partials and raises the (b, hkv)'s max |V| to its
@@ -20,10 +32,10 @@
 //   (k_mean = sum / Nk), so all CTAs of a (b, hkv) hold the same bits; the first K block of a (b, hkv)
 //   writes k_mean, its first V tile v_scale. The other Q tiles wait for nothing.
 //
-// The stats items a CTA waits for hold lower indices than its own. The GPU starts a grid's CTAs in
-// increasing blockIdx.x (CUB's single-pass scan waits on its predecessors on the same ground), so
-// those belong to CTAs that have started and wait for nothing themselves: no deadlock, however
-// many CTAs fit on the GPU at once. (An atomic ticket per CTA made the same order explicit, but its
+// The stats items and clearing CTAs a CTA waits for hold lower indices than its own. The GPU starts a
+// grid's CTAs in increasing blockIdx.x (CUB's single-pass scan waits on its predecessors on the same
+// ground), so those belong to CTAs that have started and, but for the clearing CTAs' marks, wait for
+// nothing themselves: no deadlock, however many CTAs fit on the GPU at once. (An atomic ticket per CTA made the same order explicit, but its
 // round trip, before any load could start, held 14% of the warps' time at b=4 h=32 n=4096;
 // bench/NOTES.md.) Items walk the (b, hkv) heads in groups whose K and V take at most kGroupBytes
 // (one head at least): the stats items of group s, then the quantizing items of group s - kLookahead
@@ -46,6 +58,8 @@
 // order is reproduced as well, so every output is bit for bit what quant.cu's kernels give.
 
 #include <algorithm>
+#include <atomic>
+#include <random>
 #include <type_traits>
 
 #include "quant.h"
@@ -147,6 +161,7 @@ struct QkvGrid {
   int groups;       // item groups: ceil(kv_heads / group_heads)
   int head_items;   // quantizing items per (b, hkv): v_tiles + k_blocks + kv_group * q_tiles
   int item_base;    // item of the launch's first CTA (see launch)
+  int clear_slices;  // CTAs of this launch that clear the maxima and the counters first (0: none)
   bool waits;       // one launch of every item, whose items wait for their statistics (else one of two)
 };
 
@@ -159,18 +174,28 @@ __host__ __device__ __forceinline__ int64_t counters_offset(int64_t kv_heads, in
   return v_max_offset(kv_heads, chunks, d_pad) + kv_heads * d_pad;
 }
 
-// The grid's int counters in the workspace: (b, hkv)'s done counter at [bh];
-// then, from spare_ints(kv_heads) on, kQkvSpareInts ints zeroed with them and left to the attention
-// kernel that follows (quant.h).
+// The grid's counters in the workspace: (b, hkv)'s done counter, 64 bits, at [bh] (count_done); then,
+// from spare_ints(kv_heads) on, kQkvSpareInts ints cleared with them and left to the attention kernel
+// that follows (quant.h).
 template <int D_PAD>
-__device__ __forceinline__ int* qkv_counters(const QuantQkvArgs& a, const QkvGrid& g) {
-  return reinterpret_cast<int*>(a.workspace + counters_offset(g.kv_heads, g.chunks, D_PAD));
+__device__ __forceinline__ uint64_t* qkv_counters(const QuantQkvArgs& a, const QkvGrid& g) {
+  return reinterpret_cast<uint64_t*>(a.workspace + counters_offset(g.kv_heads, g.chunks, D_PAD));
 }
 
-// Where the spare ints start among the counters: the 128-byte line after the done counters'.
-int64_t spare_ints(int64_t kv_heads) { return (kv_heads + 31) / 32 * 32; }
-// The ints clear_kernel zeroes: the done counters and the spare ints.
-int64_t counter_ints(int64_t kv_heads) { return spare_ints(kv_heads) + kQkvSpareInts; }
+// Where the spare ints start among the counters (in ints): the 128-byte line after the done counters'.
+__host__ __device__ __forceinline__ int64_t spare_ints(int64_t kv_heads) { return (2 * kv_heads + 31) / 32 * 32; }
+// The ints cleared with V's maxima: the done counters and the spare ints.
+__host__ __device__ __forceinline__ int64_t counter_ints(int64_t kv_heads) {
+  return spare_ints(kv_heads) + kQkvSpareInts;
+}
+// 4-byte words cleared at each call: V's maxima, then the counters (from v_max_offset on).
+__host__ __device__ __forceinline__ int64_t cleared_words(int64_t kv_heads, int chunks, int d_pad) {
+  return counters_offset(kv_heads, chunks, d_pad) - v_max_offset(kv_heads, chunks, d_pad) + counter_ints(kv_heads);
+}
+// Where the clear marks start, in floats (8-byte aligned): after the counters.
+__host__ __device__ __forceinline__ int64_t marks_offset(int64_t kv_heads, int chunks, int d_pad) {
+  return (counters_offset(kv_heads, chunks, d_pad) + counter_ints(kv_heads) + 1) / 2 * 2;
+}
 
 // (b, hkv) = bh's K chunk partials in the workspace, [chunks, D_PAD]: its stats items' K sums.
 template <int D_PAD>
@@ -206,8 +231,8 @@ __device__ __forceinline__ long long quant_now() {
 }
 #define SAGE_QUANT_TIME(field, value)                                                     \
   do {                                                                                    \
-    const int cta_ = static_cast<int>(blockIdx.x) + g.item_base;                         \
-    if (threadIdx.x == 0 && cta_ < kQuantTimesMax) g_quant_times[cta_][field] = (value); \
+    const int cta_ = static_cast<int>(blockIdx.x) - g.clear_slices + g.item_base;                      \
+    if (threadIdx.x == 0 && cta_ >= 0 && cta_ < kQuantTimesMax) g_quant_times[cta_][field] = (value); \
   } while (0)
 #else
 #define SAGE_QUANT_TIME(field, value) \
@@ -215,29 +240,82 @@ __device__ __forceinline__ long long quant_now() {
   } while (0)
 #endif
 
-__device__ __forceinline__ int load_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+__device__ __forceinline__ uint64_t load_acquire(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
+}
+
+// The clear marks of the launch (see the top of the file).
+template <int D_PAD>
+__device__ __forceinline__ uint64_t* clear_marks(const QuantQkvArgs& a, const QkvGrid& g) {
+  return reinterpret_cast<uint64_t*>(a.workspace + marks_offset(g.kv_heads, g.chunks, D_PAD));
+}
+
+// Clearing CTA `slice` of `slices`: zeroes its share of the `words` cleared words from `p` (16-byte
+// stores, the last share also the words past the last whole 16 bytes), then marks it done with the
+// nonce: the barrier and thread 0's fence order every thread's stores before the mark.
+__device__ __forceinline__ void clear_share(uint32_t* p, int64_t words, int slice, int slices, uint64_t* mark,
+                                         uint64_t nonce) {
+  const int64_t quads = words / 4, end = (slice + 1) * quads / slices;
+  for (int64_t i = slice * quads / slices + threadIdx.x; i < end; i += kThreads) {
+    reinterpret_cast<uint4*>(p)[i] = make_uint4(0, 0, 0, 0);
+  }
+  if (slice == slices - 1 && threadIdx.x < words - quads * 4) p[quads * 4 + threadIdx.x] = 0;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    *reinterpret_cast<volatile uint64_t*>(mark) = nonce;
+  }
+}
+
+// Before a stats item's first access to V's maxima or its done counter: they are zero. With
+// clear_kernel, once the kernel before this launch (that one) has completed; with clearing CTAs, once
+// every one has marked its share (thread s polls mark s, backing off; the barrier orders the block's
+// later accesses). (Polled by the other items too, the kernel spilled; they wait on their counter,
+// done_target, and touch nothing else cleared.)
+template <int D_PAD>
+__device__ __forceinline__ void wait_cleared(const QuantQkvArgs& a, const QkvGrid& g) {
+  grid_dependency_wait();
+  if (g.clear_slices > 0) {
+    if (threadIdx.x < g.clear_slices) {
+      const uint64_t* mark = clear_marks<D_PAD>(a, g) + threadIdx.x;
+      unsigned ns = 32;
+      while (load_acquire(mark) != a.clear_nonce) {
+        __nanosleep(ns);
+        ns = ns < 512 ? 2 * ns : ns;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// A stats item's count on its (b, hkv)'s done counter: clear_nonce * 2 + 1, so that the chunks' counts
+// from zero end on a value (done_target) that neither an earlier launch's counts (another nonce) nor,
+// but by a 2^-64 chance, stale data give. So an item may poll its counter before the clearing CTAs
+// have zeroed it (only the stats items, which write the counters, wait for their marks).
+__device__ __forceinline__ uint64_t done_step(const QuantQkvArgs& a) { return a.clear_nonce * 2 + 1; }
+__device__ __forceinline__ uint64_t done_target(const QuantQkvArgs& a, const QkvGrid& g) {
+  return done_step(a) * static_cast<uint64_t>(g.chunks);
 }
 
 // Called once a (b, hkv)'s stats item has written its K partials and raised V's maxima: the block's
 // stores and atomics, ordered by the barrier and the fence before thread 0's count, are visible to
 // whoever observes the count.
-__device__ __forceinline__ void count_done(int* done) {
+__device__ __forceinline__ void count_done(uint64_t* done, uint64_t step) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    atomicAdd(done, 1);
+    atomicAdd(reinterpret_cast<unsigned long long*>(done), static_cast<unsigned long long>(step));
   }
 }
 
-// Waits until all `chunks` stats items of a (b, hkv) have counted themselves on `done`: thread 0
+// Waits until all stats items of a (b, hkv) have counted themselves on `done` (done_target): thread 0
 // polls with acquire loads, backing off, and the barrier orders the block's later reads after it.
-__device__ __forceinline__ void wait_done(const int* done, int chunks) {
+__device__ __forceinline__ void wait_done(const uint64_t* done, uint64_t target) {
   if (threadIdx.x == 0) {
     unsigned ns = 32;
-    while (load_acquire(done) < chunks) {
+    while (load_acquire(done) != target) {
       __nanosleep(ns);
       ns = ns < 512 ? 2 * ns : ns;
     }
@@ -297,7 +375,7 @@ __device__ __forceinline__ void qkv_stats(const QuantQkvArgs& a, const QkvGrid& 
   ksum_row[1] = make_float4(sum[4], sum[5], sum[6], sum[7]);
   vmax_row[0] = make_float4(amax[0], amax[1], amax[2], amax[3]);
   vmax_row[1] = make_float4(amax[4], amax[5], amax[6], amax[7]);
-  grid_dependency_wait();  // V's maxima and the done counter, zeroed by clear_kernel
+  wait_cleared<D_PAD>(a, g);  // V's maxima and the done counter
   __syncthreads();
   const int out = chunk_idx * D_PAD;  // this chunk's row of the (b, hkv)'s partials
   const int d = threadIdx.x % D_PAD;
@@ -321,8 +399,8 @@ __device__ __forceinline__ void qkv_stats(const QuantQkvArgs& a, const QkvGrid& 
 // the second of two launches the first has counted everything.
 template <int D_PAD>
 __device__ __forceinline__ void wait_stats(const QuantQkvArgs& a, const QkvGrid& g, int bh) {
-  grid_dependency_wait();  // the counters and V's maxima, zeroed by clear_kernel
-  if (g.waits) wait_done(qkv_counters<D_PAD>(a, g) + bh, g.chunks);
+  grid_dependency_wait();  // the kernel before (clear_kernel: the done counter zeroed)
+  if (g.waits) wait_done(qkv_counters<D_PAD>(a, g) + bh, done_target(a, g));
   SAGE_QUANT_TIME(kQtStatsDone, quant_now());
 }
 
@@ -667,24 +745,36 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) quant_qkv_kernel(const Q
   __shared__ float stat[D_PAD];
   __shared__ float warp_max[kWarps];
   __shared__ Item item;
-  int* counters = qkv_counters<D_PAD>(a, g);
+  uint64_t* counters = qkv_counters<D_PAD>(a, g);
 #ifdef SAGE_QUANT_TIMES
   unsigned sm;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
   SAGE_QUANT_TIME(kQtSm, sm);
   SAGE_QUANT_TIME(kQtStart, quant_now());
 #endif
+  if (blockIdx.x < g.clear_slices) {  // a clearing CTA (see the top of the file): no item
+    grid_dependency_wait();              // the kernel before may still use this memory
+    allow_dependent_grid();
+    const int slice = static_cast<int>(blockIdx.x);
+    clear_share(reinterpret_cast<uint32_t*>(a.workspace + v_max_offset(g.kv_heads, g.chunks, D_PAD)),
+                cleared_words(g.kv_heads, g.chunks, D_PAD), slice, g.clear_slices, clear_marks<D_PAD>(a, g) + slice,
+                a.clear_nonce);
+    return;
+  }
   if (threadIdx.x == 0) {
-    item = item_of(g, static_cast<int>(blockIdx.x) + g.item_base);
+    item = item_of(g, static_cast<int>(blockIdx.x) - g.clear_slices + g.item_base);
   }
   __syncthreads();
   allow_dependent_grid();  // the attention kernel behind it may take SMs as this launch's last CTAs start
   const Item it = item;
+  // Clearing CTAs in this launch (no clearing kernel before it): the kernel before may still run, and
+  // may have written the inputs.
+  if (g.clear_slices > 0) grid_dependency_wait();
   SAGE_QUANT_TIME(kQtKind, static_cast<int>(it.kind));
   switch (it.kind) {
     case ItemKind::kStats:
       qkv_stats<T, D_PAD, kAligned>(a, g, it.index, it.head, smem);
-      count_done(counters + it.head);
+      count_done(counters + it.head, done_step(a));
       break;
     case ItemKind::kV:
       quant_v_tile<T, D_PAD, kAligned>(a, g, it.index, it.head, smem, stat);
@@ -696,18 +786,19 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) quant_qkv_kernel(const Q
       quant_q_tile<T, D_PAD, kAligned>(a, g, it.index, it.head, smem, stat);
       break;
   }
-  // Every CTA, also one that touched nothing clear_kernel zeroes: the attention kernel behind this
-  // launch waits for its completion, and reads a spare int (its tile counter) that clear_kernel zeroes.
+  // Every CTA, also one that touched nothing cleared (with clear_kernel): the attention kernel behind
+  // this launch waits for its completion, and reads a spare int (its tile counter) cleared with them.
   grid_dependency_wait();
   SAGE_QUANT_TIME(kQtEnd, quant_now());
 }
 
-// Launches quant_qkv_kernel for `ctas` items from g.item_base; with `after_clear`, as the dependent
-// of clear_kernel just before it in the stream (programmatic stream serialization).
+// Launches quant_qkv_kernel for `ctas` items from g.item_base, after its g.clear_slices clearing CTAs;
+// with `after_clear`, as the dependent of the kernel just before it in the stream (clear_kernel's, or
+// whatever precedes the call when the launch clears; programmatic stream serialization).
 template <typename T, int D_PAD, bool kAligned>
 cudaError_t launch_items(const QuantQkvArgs& a, const QkvGrid& g, int64_t ctas, bool after_clear, cudaStream_t stream) {
-  return launch_kernel(quant_qkv_kernel<T, D_PAD, kAligned>, dim3(static_cast<unsigned>(ctas)), dim3(kThreads), 0,
-                       stream, after_clear, a, g);
+  return launch_kernel(quant_qkv_kernel<T, D_PAD, kAligned>, dim3(static_cast<unsigned>(g.clear_slices + ctas)),
+                       dim3(kThreads), 0, stream, after_clear, a, g);
 }
 
 // A view whose 8-element runs can be read as 16-byte words: a 16-byte aligned base, and strides that
@@ -757,15 +848,20 @@ cudaError_t launch(const QuantQkvArgs& a, cudaStream_t stream) {
   if (!plan_grid<D_PAD>(a, sizeof(T), &g)) return cudaErrorInvalidValue;
   const int64_t kv_heads = g.kv_heads, items = grid_items(g);
   // V's maxima and the counters, cleared together (4-byte words each; the maxima start 16-byte
-  // aligned: a multiple of 64 floats into the workspace).
-  float* cleared = a.workspace + v_max_offset(kv_heads, g.chunks, D_PAD);
-  const int64_t cleared_words =
-      counters_offset(kv_heads, g.chunks, D_PAD) - v_max_offset(kv_heads, g.chunks, D_PAD) + counter_ints(kv_heads);
-  // One 16-byte store per thread and pass (the last few words one by one), at least one CTA.
-  const int64_t clear_ctas = std::clamp<int64_t>((cleared_words / 4 + kThreads - 1) / kThreads, 1, kClearCtas);
-  cudaError_t err = launch_kernel(clear_kernel, dim3(static_cast<unsigned>(clear_ctas)), dim3(kThreads), 0, stream,
-                                  true, reinterpret_cast<uint32_t*>(cleared), cleared_words);
-  if (err != cudaSuccess) return err;
+  // aligned: a multiple of 64 floats into the workspace), by the first launch's first CTAs (clear_nonce)
+  // or by clear_kernel before it: one 16-byte store per thread and pass (the last few words one by
+  // one), at least one CTA, at most kClearCtas.
+  const int64_t words = cleared_words(kv_heads, g.chunks, D_PAD);
+  const int64_t clear_ctas = std::clamp<int64_t>((words / 4 + kThreads - 1) / kThreads, 1, kClearCtas);
+  cudaError_t err = cudaSuccess;
+  if (a.clear_nonce != 0) {
+    g.clear_slices = static_cast<int>(clear_ctas);
+  } else {
+    float* cleared = a.workspace + v_max_offset(kv_heads, g.chunks, D_PAD);
+    err = launch_kernel(clear_kernel, dim3(static_cast<unsigned>(clear_ctas)), dim3(kThreads), 0, stream, true,
+                        reinterpret_cast<uint32_t*>(cleared), words);
+    if (err != cudaSuccess) return err;
+  }
   if (g.waits) return launch_items<T, D_PAD, kAligned>(a, g, items, true, stream);
   // Long stats items: their one group in one launch left the quantizing CTAs waiting (10-13% slower
   // than two launches at b=1, n >= 16384), so the stats items go first in a launch of their own and
@@ -774,6 +870,7 @@ cudaError_t launch(const QuantQkvArgs& a, cudaStream_t stream) {
   err = launch_items<T, D_PAD, kAligned>(a, g, stats_items, true, stream);
   if (err != cudaSuccess) return err;
   g.item_base = static_cast<int>(stats_items);
+  g.clear_slices = 0;  // the first launch has cleared and counted everything
   return launch_items<T, D_PAD, kAligned>(a, g, items - stats_items, false, stream);
 }
 
@@ -808,7 +905,21 @@ int64_t counters_start(int batch, int heads_kv, int nk, int d_pad) {
 }  // namespace
 
 int64_t quant_qkv_workspace_floats(int batch, int heads_kv, int nk, int d_pad) {
-  return counters_start(batch, heads_kv, nk, d_pad) + counter_ints(static_cast<int64_t>(batch) * heads_kv);
+  const int chunk = stats_chunk(batch, heads_kv, nk, d_pad);
+  return marks_offset(static_cast<int64_t>(batch) * heads_kv, (nk + chunk - 1) / chunk, d_pad) + 2 * kClearCtas;
+}
+
+uint64_t quant_qkv_clear_nonce(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();  // e.g. the legacy stream while another captures: clear by kernel
+    return 0;
+  }
+  if (status != cudaStreamCaptureStatusNone) return 0;
+  static std::atomic<uint64_t> next{(static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()};
+  uint64_t nonce = 0;
+  while (nonce == 0) nonce = next.fetch_add(1, std::memory_order_relaxed);
+  return nonce;
 }
 
 int64_t quant_qkv_spare_int_offset(int batch, int heads_kv, int nk, int d_pad) {

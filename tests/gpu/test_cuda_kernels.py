@@ -589,6 +589,34 @@ def test_launcher_op_gives_the_two_ops_bits(
 
 
 @on(SM90)
+def test_launcher_op_is_two_kernels(sage_backend, mma):
+    """An eager call of the one op is two kernels on the GPU, the fused quantization (which clears its
+    own counters) and the attention; captured into a CUDA graph, three (a clearing kernel first, as a
+    replay repeats the quantization's arguments), and each replay on new inputs gives the eager bits."""
+    q = mma.make(2, 8, 1000, 128, "NHD", torch.bfloat16, 57)
+    k, v = (mma.make(2, 8, 1000, 128, "NHD", torch.bfloat16, s) for s in (58, 59))
+    args = {"is_causal": False, "sm_scale": 128**-0.5, "smooth_k": True, "return_lse": True}
+    cuda_sm90.attention_sm90(q, k, v, **args)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        cuda_sm90.attention_sm90(q, k, v, **args)
+        torch.cuda.synchronize()
+    events = [ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA]
+    on_gpu = [ev.name for ev in sorted(events, key=lambda ev: ev.time_range.start)]
+    assert len(on_gpu) == 2 and "quant_qkv_kernel" in on_gpu[0] and "attn_int8_fp8_sm90" in on_gpu[1], on_gpu
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured, captured_lse = cuda_sm90.attention_sm90(q, k, v, **args)
+    for seed, scale in ((60, 1.0), (61, 0.5), (62, 0.25)):
+        new = [mma.make(2, 8, 1000, 128, "NHD", torch.bfloat16, seed + 10 * i) * scale for i in range(3)]
+        for dst, src in zip((q, k, v), new):
+            dst.copy_(src)
+        graph.replay()
+        out, lse = cuda_sm90.attention_sm90(*new, **args)
+        assert torch.equal(captured, out) and torch.equal(captured_lse, lse), f"replay at scale {scale}"
+
+
+@on(SM90)
 def test_launcher_op_fake_implementation_matches(sage_backend, mma):
     extension = KERNELS[SM90].extension
     assert cuda_ops.registered(extension), cuda_ops.unavailable_reason(extension)

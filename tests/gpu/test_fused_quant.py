@@ -293,12 +293,12 @@ def test_quant_qkv_sm90_special_values_in_q_and_k(dtype, smooth_k):
     [(8, 1024, 1), (2, 16384, 1), (1, 32768, 2)],
     ids=["one-launch", "short-stats-chunks", "long-stats-chunks"],
 )
-def test_quant_qkv_sm90_launches_its_clearing_and_its_kernel(smooth_k, with_corr, heads, n, kernels):
-    """clear_kernel (which zeroes the counters and V's maxima in the workspace; the quantization behind
-    it starts before it ends) and quant_qkv_kernel, in that order, nothing else on the GPU: no memset,
-    no reduction or elementwise kernel. The quantization runs once, also where 64 statistics chunks of
-    256 tokens cover a KV head (n=16384), or twice (statistics, then the quantizing items) where the
-    chunks stay long (here 1024 tokens of one KV head: 256-token chunks would be 128, above 64)."""
+def test_quant_qkv_sm90_launches_its_kernel_alone(smooth_k, with_corr, heads, n, kernels):
+    """quant_qkv_kernel alone on the GPU (its first CTAs clear the counters and V's maxima in the
+    workspace): no clearing kernel, no memset, no reduction or elementwise kernel. It runs once, also
+    where 64 statistics chunks of 256 tokens cover a KV head (n=16384), or twice (statistics, then the
+    quantizing items) where the chunks stay long (here 1024 tokens of one KV head: 256-token chunks
+    would be 128, above 64)."""
     q, k, v = (hnd(1, heads, n, 128, "NHD", torch.bfloat16) for _ in range(3))
     args = _qkv_args(q, k, v, smooth_k, with_corr)
     ops.quant_qkv_sm90(*args)
@@ -308,9 +308,62 @@ def test_quant_qkv_sm90_launches_its_clearing_and_its_kernel(smooth_k, with_corr
         torch.cuda.synchronize()
     events = [ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA]
     on_gpu = [ev.name for ev in sorted(events, key=lambda ev: ev.time_range.start)]
-    assert len(on_gpu) == 1 + kernels, on_gpu
-    assert "clear_kernel" in on_gpu[0], on_gpu
-    assert all("quant_qkv_kernel" in name for name in on_gpu[1:]), on_gpu
+    assert len(on_gpu) == kernels, on_gpu
+    assert all("quant_qkv_kernel" in name for name in on_gpu), on_gpu
+
+
+QKV_OUTPUTS = ("q_int8", "q_scale", "corr", "k_int8", "k_scale", "vt", "v_scale", "k_mean")
+
+
+def _fill_freed_blocks(byte_sizes, value):
+    """Hand blocks of these sizes, every byte `value`, back to the caching allocator: the op's scratch
+    most likely reuses them."""
+    blocks = [torch.full((size,), value, dtype=torch.uint8, device="cuda") for size in byte_sizes]
+    del blocks
+
+
+@pytest.mark.parametrize("heads,n", [(8, 1024), (1, 32768)], ids=["one-launch", "two-launches"])
+def test_quant_qkv_sm90_clears_its_workspace_itself(heads, n):
+    """The counters and V's maxima cleared by the quantization's own first CTAs, whatever the scratch
+    held: stale data of every byte value, an earlier call's counts and marks (the same scratch, reused:
+    each eager call marks its clearing with a value of its own). Every call gives the first one's bits,
+    also after calls on other data (whose V maxima, left in the scratch, are larger)."""
+    q, k, v = (hnd(1, heads, n, 128, "NHD", torch.bfloat16) for _ in range(3))
+    args = _qkv_args(q, k, v, True, True)
+    expected = ops.quant_qkv_sm90(*args)
+    big = _qkv_args(q * 8, k * 8, v * 8, True, True)
+    workspace = 4 * (2 * heads * 128 * 64 + 8192)  # about the workspace's bytes, and larger
+    for value in (0, 255, 0x55, None):
+        if value is None:
+            ops.quant_qkv_sm90(*big)  # its counts, marks and larger maxima left behind
+        else:
+            _fill_freed_blocks([workspace, 2 * workspace, 4 * workspace], value)
+        got = ops.quant_qkv_sm90(*args)
+        for name, a, b in zip(QKV_OUTPUTS, got, expected):
+            _assert_same(f"{name} (scratch {value})", a, b)
+
+
+@pytest.mark.parametrize("heads,n", [(8, 1024), (1, 32768)], ids=["one-launch", "two-launches"])
+def test_quant_qkv_sm90_in_a_cuda_graph_replays_on_new_inputs(heads, n):
+    """Captured into a CUDA graph, the quantization clears by a kernel of its own (a replay repeats
+    the launch's arguments, so marks of the capture's value would be stale from the second replay on):
+    each replay on new inputs, smaller and smaller (stale V maxima would show), gives the eager call's
+    bits."""
+    q, k, v = (hnd(1, heads, n, 128, "NHD", torch.bfloat16) for _ in range(3))
+    args = _qkv_args(q, k, v, True, True)
+    ops.quant_qkv_sm90(*args)  # loads the module and warms up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = ops.quant_qkv_sm90(*args)
+    for scale in (1.0, 0.5, 0.25, 0.125):
+        new = [hnd(1, heads, n, 128, "NHD", torch.bfloat16) * scale for _ in range(3)]
+        for dst, src in zip((q, k, v), new):
+            dst.copy_(src)
+        graph.replay()
+        expected = ops.quant_qkv_sm90(*_qkv_args(*new, True, True))
+        for name, a, b in zip(QKV_OUTPUTS, captured, expected):
+            _assert_same(f"{name} (replay at scale {scale})", a, b)
 
 
 def test_quant_qkv_sm90_rejects_inputs_it_cannot_take():
