@@ -5,7 +5,7 @@
 // 64-bit done counter per (b, hkv), then the attention's spare ints) and the clear marks (kClearCtas
 // 64-bit words). The maxima and the counters start each call at zero, cleared one of two ways:
 // - by the quantization itself (QuantQkvArgs::clear_nonce != 0; the op's eager calls: one launch
-//   fewer, 0.9-1.4 us off a call at short lengths on an H200, bench/NOTES.md): the grid's first
+//   fewer, up to 1.4 us off a call at short lengths on an H200, bench/NOTES.md): the grid's first
 //   clear_slices CTAs take no item; each zeroes a share and then writes the launch's nonce into its
 //   mark. A stats item, before it touches V's maxima or its done counter, waits until every mark holds
 //   the nonce (wait_cleared). The other items only poll their done counter, whose counts make up a
