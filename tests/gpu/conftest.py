@@ -63,6 +63,26 @@ def poison_allocator(*shapes_dtypes):
     del blocks
 
 
+def fill_freed_blocks(byte_sizes, value=255):
+    """Hand blocks of these sizes in bytes, every byte `value`, back to the caching allocator, so that
+    torch.empty buffers of the next calls most likely start so (0xFF is NaN in float32 and e4m3fn, -1
+    in int8): a slot that a kernel forgets to write, or reads before writing, shows."""
+    blocks = [torch.full((size,), value, dtype=torch.uint8, device="cuda") for size in byte_sizes]
+    del blocks
+
+
+def kernels_on_gpu(fn) -> list[str]:
+    """The names of the kernels one call of `fn` runs on the GPU, in order (torch.profiler), after a call
+    outside the profiler (loading, compiling)."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = [ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA]
+    return [ev.name for ev in sorted(events, key=lambda ev: ev.time_range.start)]
+
+
 def _nan_as_inf(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(x), math.inf, x)
 
@@ -146,12 +166,14 @@ def check_lse(lse, ref_lse, atol, what="lse", rtol=0.0):
 
 @pytest.fixture(scope="session")
 def mma():
-    """Namespace of the helpers above: make, protocol_inputs, poison_allocator, where_it_differs,
-    check_tight, check_exact, check_lse."""
+    """Namespace of the helpers above: make, protocol_inputs, poison_allocator, fill_freed_blocks,
+    kernels_on_gpu, where_it_differs, check_tight, check_exact, check_lse."""
     return types.SimpleNamespace(
         make=make,
         protocol_inputs=protocol_inputs,
         poison_allocator=poison_allocator,
+        fill_freed_blocks=fill_freed_blocks,
+        kernels_on_gpu=kernels_on_gpu,
         where_it_differs=where_it_differs,
         check_tight=check_tight,
         check_exact=check_exact,

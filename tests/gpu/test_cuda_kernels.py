@@ -596,13 +596,7 @@ def test_launcher_op_is_two_kernels(sage_backend, mma):
     q = mma.make(2, 8, 1000, 128, "NHD", torch.bfloat16, 57)
     k, v = (mma.make(2, 8, 1000, 128, "NHD", torch.bfloat16, s) for s in (58, 59))
     args = {"is_causal": False, "sm_scale": 128**-0.5, "smooth_k": True, "return_lse": True}
-    cuda_sm90.attention_sm90(q, k, v, **args)
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        cuda_sm90.attention_sm90(q, k, v, **args)
-        torch.cuda.synchronize()
-    events = [ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA]
-    on_gpu = [ev.name for ev in sorted(events, key=lambda ev: ev.time_range.start)]
+    on_gpu = mma.kernels_on_gpu(lambda: cuda_sm90.attention_sm90(q, k, v, **args))
     assert len(on_gpu) == 2 and "quant_qkv_kernel" in on_gpu[0] and "attn_int8_fp8_sm90" in on_gpu[1], on_gpu
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -125,17 +125,15 @@ def _qkv_args(q, k, v, smooth_k, with_corr):
     return (q, k, v, smooth_k, sm_scale, sm_scale * LOG2E / 127, launch._d_pad(d), with_corr)
 
 
-def _poison_qkv_outputs(q, k, d_pad):
-    """Hand 0xFF-filled blocks of the outputs' sizes back to the caching allocator, so that a slot the
-    op forgets to write most likely shows (0xFF is NaN in float32 and e4m3fn, -1 in int8)."""
+def _poison_qkv_outputs(mma, q, k, d_pad):
+    """0xFF-filled blocks of the outputs' sizes handed back to the caching allocator
+    (mma.fill_freed_blocks)."""
     b, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     n_pad = -(-nk // 16) * 16
     int8s = (b * hq * nq * d_pad, b * hkv * nk * d_pad, b * hkv * d_pad * n_pad)
     floats = (b * hq * nq, b * hkv * d)
-    sizes = (*int8s, *(4 * n for n in floats))
-    blocks = [torch.full((size,), 255, dtype=torch.uint8, device="cuda") for size in sizes]
-    del blocks
+    mma.fill_freed_blocks((*int8s, *(4 * n for n in floats)))
 
 
 def _assert_same(name: str, got: torch.Tensor, expected: torch.Tensor) -> None:
@@ -184,11 +182,11 @@ def _assert_matches_separate_ops(q, k, v, smooth_k, with_corr, outputs):
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 @pytest.mark.parametrize("n,d", [(1, 128), (17, 64), (113, 72), (1000, 128), (4095, 40)])
 @pytest.mark.parametrize("smooth_k,with_corr", QKV_MODES, ids=QKV_MODE_IDS)
-def test_quant_qkv_sm90_is_bit_exact(dtype, layout, n, d, smooth_k, with_corr):
+def test_quant_qkv_sm90_is_bit_exact(mma, dtype, layout, n, d, smooth_k, with_corr):
     b, hq, hkv = 2, 4, 2  # GQA: 2 query heads per KV head
     q, v = hnd(b, hq, n, d, layout, dtype), hnd(b, hkv, n, d, layout, dtype)
     k = hnd(b, hkv, n, d, layout, dtype) + 5  # an offset that smooth-K removes
-    _poison_qkv_outputs(q, k, launch._d_pad(d))
+    _poison_qkv_outputs(mma, q, k, launch._d_pad(d))
     outputs = ops.quant_qkv_sm90(*_qkv_args(q, k, v, smooth_k, with_corr))
     _assert_matches_separate_ops(q, k, v, smooth_k, with_corr, outputs)
 
@@ -293,7 +291,7 @@ def test_quant_qkv_sm90_special_values_in_q_and_k(dtype, smooth_k):
     [(8, 1024, 1), (2, 16384, 1), (1, 32768, 2)],
     ids=["one-launch", "short-stats-chunks", "long-stats-chunks"],
 )
-def test_quant_qkv_sm90_launches_its_kernel_alone(smooth_k, with_corr, heads, n, kernels):
+def test_quant_qkv_sm90_launches_its_kernel_alone(mma, smooth_k, with_corr, heads, n, kernels):
     """quant_qkv_kernel alone on the GPU (its first CTAs clear the counters and V's maxima in the
     workspace): no clearing kernel, no memset, no reduction or elementwise kernel. It runs once, also
     where 64 statistics chunks of 256 tokens cover a KV head (n=16384), or twice (statistics, then the
@@ -301,13 +299,7 @@ def test_quant_qkv_sm90_launches_its_kernel_alone(smooth_k, with_corr, heads, n,
     would be 128, above 64)."""
     q, k, v = (hnd(1, heads, n, 128, "NHD", torch.bfloat16) for _ in range(3))
     args = _qkv_args(q, k, v, smooth_k, with_corr)
-    ops.quant_qkv_sm90(*args)
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        ops.quant_qkv_sm90(*args)
-        torch.cuda.synchronize()
-    events = [ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA]
-    on_gpu = [ev.name for ev in sorted(events, key=lambda ev: ev.time_range.start)]
+    on_gpu = mma.kernels_on_gpu(lambda: ops.quant_qkv_sm90(*args))
     assert len(on_gpu) == kernels, on_gpu
     assert all("quant_qkv_kernel" in name for name in on_gpu), on_gpu
 
@@ -315,15 +307,8 @@ def test_quant_qkv_sm90_launches_its_kernel_alone(smooth_k, with_corr, heads, n,
 QKV_OUTPUTS = ("q_int8", "q_scale", "corr", "k_int8", "k_scale", "vt", "v_scale", "k_mean")
 
 
-def _fill_freed_blocks(byte_sizes, value):
-    """Hand blocks of these sizes, every byte `value`, back to the caching allocator: the op's scratch
-    most likely reuses them."""
-    blocks = [torch.full((size,), value, dtype=torch.uint8, device="cuda") for size in byte_sizes]
-    del blocks
-
-
 @pytest.mark.parametrize("heads,n", [(8, 1024), (1, 32768)], ids=["one-launch", "two-launches"])
-def test_quant_qkv_sm90_clears_its_workspace_itself(heads, n):
+def test_quant_qkv_sm90_clears_its_workspace_itself(mma, heads, n):
     """The counters and V's maxima cleared by the quantization's own first CTAs, whatever the scratch
     held: stale data of every byte value, an earlier call's counts and marks (the same scratch, reused:
     each eager call marks its clearing with a value of its own). Every call gives the first one's bits,
@@ -337,7 +322,7 @@ def test_quant_qkv_sm90_clears_its_workspace_itself(heads, n):
         if value is None:
             ops.quant_qkv_sm90(*big)  # its counts, marks and larger maxima left behind
         else:
-            _fill_freed_blocks([workspace, 2 * workspace, 4 * workspace], value)
+            mma.fill_freed_blocks([workspace, 2 * workspace, 4 * workspace], value)
         got = ops.quant_qkv_sm90(*args)
         for name, a, b in zip(QKV_OUTPUTS, got, expected):
             _assert_same(f"{name} (scratch {value})", a, b)
