@@ -246,6 +246,15 @@ __device__ __forceinline__ uint64_t load_acquire(const uint64_t* p) {
   return v;
 }
 
+// Polls `p` with acquire loads, backing off (32 to 512 ns), until it holds `value`.
+__device__ __forceinline__ void poll_until(const uint64_t* p, uint64_t value) {
+  unsigned ns = 32;
+  while (load_acquire(p) != value) {
+    __nanosleep(ns);
+    ns = ns < 512 ? 2 * ns : ns;
+  }
+}
+
 // The clear marks of the launch (see the top of the file).
 template <int D_PAD>
 __device__ __forceinline__ uint64_t* clear_marks(const QuantQkvArgs& a, const QkvGrid& g) {
@@ -279,12 +288,7 @@ __device__ __forceinline__ void wait_cleared(const QuantQkvArgs& a, const QkvGri
   grid_dependency_wait();
   if (g.clear_slices > 0) {
     if (threadIdx.x < g.clear_slices) {
-      const uint64_t* mark = clear_marks<D_PAD>(a, g) + threadIdx.x;
-      unsigned ns = 32;
-      while (load_acquire(mark) != a.clear_nonce) {
-        __nanosleep(ns);
-        ns = ns < 512 ? 2 * ns : ns;
-      }
+      poll_until(clear_marks<D_PAD>(a, g) + threadIdx.x, a.clear_nonce);
     }
     __syncthreads();
   }
@@ -313,13 +317,7 @@ __device__ __forceinline__ void count_done(uint64_t* done, uint64_t step) {
 // Waits until all stats items of a (b, hkv) have counted themselves on `done` (done_target): thread 0
 // polls with acquire loads, backing off, and the barrier orders the block's later reads after it.
 __device__ __forceinline__ void wait_done(const uint64_t* done, uint64_t target) {
-  if (threadIdx.x == 0) {
-    unsigned ns = 32;
-    while (load_acquire(done) != target) {
-      __nanosleep(ns);
-      ns = ns < 512 ? 2 * ns : ns;
-    }
-  }
+  if (threadIdx.x == 0) poll_until(done, target);
   __syncthreads();
 }
 
