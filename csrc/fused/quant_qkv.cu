@@ -35,9 +35,9 @@
 // The stats items and clearing CTAs a CTA waits for hold lower indices than its own. The GPU starts a
 // grid's CTAs in increasing blockIdx.x (CUB's single-pass scan waits on its predecessors on the same
 // ground), so those belong to CTAs that have started and, but for the clearing CTAs' marks, wait for
-// nothing themselves: no deadlock, however many CTAs fit on the GPU at once. (An atomic ticket per CTA made the same order explicit, but its
-// round trip, before any load could start, held 14% of the warps' time at b=4 h=32 n=4096;
-// bench/NOTES.md.) Items walk the (b, hkv) heads in groups whose K and V take at most kGroupBytes
+// nothing themselves: no deadlock, however many CTAs fit on the GPU at once. (An atomic ticket per
+// CTA made the same order explicit, but its round trip, before any load could start, held 14% of the
+// warps' time at b=4 h=32 n=4096; bench/NOTES.md.) Items walk the (b, hkv) heads in groups whose K and V take at most kGroupBytes
 // (one head at least): the stats items of group s, then the quantizing items of group s - kLookahead
 // (head by head: its V tiles, its K blocks, the Q tiles of its query heads). A group's stats items
 // thus run while the group before it is quantized, and its quantizing items re-read K and V while
