@@ -202,6 +202,13 @@ void set_outputs(sage::QuantQkvArgs& a, const std::array<void*, kQkvParts>& p, b
   a.k_mean = a.smooth_k ? static_cast<float*>(p[kKMean]) : nullptr;
   a.workspace = static_cast<float*>(p[kWorkspace]);
 }
+
+// The fused quantization on the current stream, with a clear_nonce of its own (quant.h).
+void launch_quant_qkv(sage::QuantQkvArgs& a, const char* what) {
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  a.clear_nonce = sage::quant_qkv_clear_nonce(stream);
+  check_cuda(sage::launch_quant_qkv_sm90(a, stream), what);
+}
 #endif
 
 #ifdef SAGEATTN_FAMILY_FUSED
@@ -295,9 +302,7 @@ quant_qkv_sm90(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bo
     p[i] = t[i].data_ptr();
   }
   set_outputs(args, p, with_corr);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  args.clear_nonce = sage::quant_qkv_clear_nonce(stream);
-  check_cuda(sage::launch_quant_qkv_sm90(args, stream), "quant_qkv_sm90");
+  launch_quant_qkv(args, "quant_qkv_sm90");
   return {t[kQInt8], t[kQScale], t[kCorr], t[kKInt8], t[kKScale], t[kVt], t[kVScale], t[kKMean]};
 }
 #endif
@@ -676,9 +681,7 @@ std::tuple<at::Tensor, at::Tensor> attn_sm90(const at::Tensor& q, const at::Tens
   std::array<void*, kQkvParts> p;
   for (int i = 0; i < kQkvParts; ++i) p[i] = scratch.data_ptr<uint8_t>() + offset[i];
   set_outputs(qa, p, with_corr);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  qa.clear_nonce = sage::quant_qkv_clear_nonce(stream);
-  check_cuda(sage::launch_quant_qkv_sm90(qa, stream), "attn_sm90 (quantization)");
+  launch_quant_qkv(qa, "attn_sm90 (quantization)");
 
   // The attention on the contiguous intermediates (strides in elements: bytes for the 8-bit ones).
   sage::AttnSm90Args args{};

@@ -88,10 +88,10 @@ struct QuantQkvArgs {
   float* k_mean;
   float* workspace;
   // Nonzero: the launch's first CTAs clear V's maxima and the counters, and each marks its share done
-  // with this value in the workspace (the other CTAs wait for the marks); it must differ from every
-  // value an earlier launch may have left there: quant_qkv_clear_nonce gives one. 0: a kernel launched
-  // before clears them (one launch more, as a launch that will be replayed with the same arguments,
-  // in a CUDA graph, needs).
+  // with this value in the workspace (the items that use them wait for the marks, or for counts made
+  // of this value); it must differ from every value an earlier launch may have left there:
+  // quant_qkv_clear_nonce gives one. 0: a kernel launched before clears them (one launch more, as a
+  // launch that will be replayed with the same arguments, in a CUDA graph, needs).
   uint64_t clear_nonce;
 };
 
@@ -101,9 +101,9 @@ struct QuantQkvArgs {
 uint64_t quant_qkv_clear_nonce(cudaStream_t stream);
 
 int64_t quant_qkv_workspace_floats(int batch, int heads_kv, int nk, int d_pad);
-// Ints of the workspace that launch_quant_qkv_sm90 sets to zero (with its counters, before its kernel)
-// and does not use: the attention launched after it keeps its tile counter and its split tiles'
-// counters there (AttnSm90Args::tile_counter), with no launch of its own to clear them.
+// Ints of the workspace that launch_quant_qkv_sm90 sets to zero (with its counters) and does not use:
+// the attention launched after it keeps its tile counter and its split tiles' counters there
+// (AttnSm90Args::tile_counter), with no launch of its own to clear them.
 constexpr int kQkvSpareInts = 1 + kSm90SplitCounters;
 // Offset, in 4-byte words, of the first of them.
 int64_t quant_qkv_spare_int_offset(int batch, int heads_kv, int nk, int d_pad);

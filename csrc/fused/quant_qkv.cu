@@ -895,16 +895,20 @@ cudaError_t launch_typed(const QuantQkvArgs& a, cudaStream_t stream) {
 }  // namespace
 
 namespace {
+// Stats chunks per (b, hkv) of a call of these sizes (plan_grid's g.chunks).
+int call_chunks(int batch, int heads_kv, int nk, int d_pad) {
+  const int chunk = stats_chunk(batch, heads_kv, nk, d_pad);
+  return (nk + chunk - 1) / chunk;
+}
 // Where the int counters start in the workspace of a call of these sizes, in floats.
 int64_t counters_start(int batch, int heads_kv, int nk, int d_pad) {
-  const int chunk = stats_chunk(batch, heads_kv, nk, d_pad);
-  return counters_offset(static_cast<int64_t>(batch) * heads_kv, (nk + chunk - 1) / chunk, d_pad);
+  return counters_offset(static_cast<int64_t>(batch) * heads_kv, call_chunks(batch, heads_kv, nk, d_pad), d_pad);
 }
 }  // namespace
 
 int64_t quant_qkv_workspace_floats(int batch, int heads_kv, int nk, int d_pad) {
-  const int chunk = stats_chunk(batch, heads_kv, nk, d_pad);
-  return marks_offset(static_cast<int64_t>(batch) * heads_kv, (nk + chunk - 1) / chunk, d_pad) + 2 * kClearCtas;
+  const int64_t kv_heads = static_cast<int64_t>(batch) * heads_kv;
+  return marks_offset(kv_heads, call_chunks(batch, heads_kv, nk, d_pad), d_pad) + 2 * kClearCtas;
 }
 
 uint64_t quant_qkv_clear_nonce(cudaStream_t stream) {
