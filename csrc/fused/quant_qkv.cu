@@ -210,15 +210,24 @@ __device__ __forceinline__ unsigned* v_max(const QuantQkvArgs& a, const QkvGrid&
   return reinterpret_cast<unsigned*>(a.workspace + v_max_offset(g.kv_heads, g.chunks, D_PAD)) + int64_t{bh} * D_PAD;
 }
 
-// Zeroes `words` 4-byte words from `p` (16-byte aligned): V's channel maxima and the counters. Launched
-// as a programmatic dependent of whatever kernel precedes the call (its CTAs set up before that one
-// ends), it waits for it first; then it lets the quantization behind it start.
+// Slice `slice` of `slices` of the `words` 4-byte words from `p` (16-byte aligned; V's channel maxima and
+// the counters) set to zero by the CTA: 16-byte stores, the last slice also the words past the last
+// whole 16 bytes. Both ways of clearing (see the top of the file) split the words so.
+__device__ __forceinline__ void zero_share(uint32_t* p, int64_t words, int slice, int slices) {
+  const int64_t quads = words / 4, end = (slice + 1) * quads / slices;
+  for (int64_t i = slice * quads / slices + threadIdx.x; i < end; i += kThreads) {
+    reinterpret_cast<uint4*>(p)[i] = make_uint4(0, 0, 0, 0);
+  }
+  if (slice == slices - 1 && threadIdx.x < words - quads * 4) p[quads * 4 + threadIdx.x] = 0;
+}
+
+// Zeroes `words` 4-byte words from `p`, a slice per CTA (zero_share). Launched as a programmatic
+// dependent of whatever kernel precedes the call (its CTAs set up before that one ends), it waits for
+// it first; then it lets the quantization behind it start.
 __global__ void __launch_bounds__(kThreads) clear_kernel(uint32_t* p, int64_t words) {
   grid_dependency_wait();  // the kernel before: its writes (the inputs, an earlier call's use of p)
   allow_dependent_grid();
-  const int64_t stride = int64_t{gridDim.x} * kThreads, first = int64_t{blockIdx.x} * kThreads + threadIdx.x;
-  for (int64_t i = first; i < words / 4; i += stride) reinterpret_cast<uint4*>(p)[i] = make_uint4(0, 0, 0, 0);
-  for (int64_t i = words / 4 * 4 + first; i < words; i += stride) p[i] = 0;
+  zero_share(p, words, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
 }
 
 #ifdef SAGE_QUANT_TIMES
@@ -261,16 +270,12 @@ __device__ __forceinline__ uint64_t* clear_marks(const QuantQkvArgs& a, const Qk
   return reinterpret_cast<uint64_t*>(a.workspace + marks_offset(g.kv_heads, g.chunks, D_PAD));
 }
 
-// Clearing CTA `slice` of `slices`: zeroes its share of the `words` cleared words from `p` (16-byte
-// stores, the last share also the words past the last whole 16 bytes), then marks it done with the
-// nonce: the barrier and thread 0's fence order every thread's stores before the mark.
+// Clearing CTA `slice` of `slices`: zeroes its share of the `words` cleared words from `p` (zero_share),
+// then marks it done with the nonce: the barrier and thread 0's fence order every thread's stores before
+// the mark.
 __device__ __forceinline__ void clear_share(uint32_t* p, int64_t words, int slice, int slices, uint64_t* mark,
                                          uint64_t nonce) {
-  const int64_t quads = words / 4, end = (slice + 1) * quads / slices;
-  for (int64_t i = slice * quads / slices + threadIdx.x; i < end; i += kThreads) {
-    reinterpret_cast<uint4*>(p)[i] = make_uint4(0, 0, 0, 0);
-  }
-  if (slice == slices - 1 && threadIdx.x < words - quads * 4) p[quads * 4 + threadIdx.x] = 0;
+  zero_share(p, words, slice, slices);
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
