@@ -3,10 +3,9 @@
 ptxas schedules the attention kernel's key loop anew whenever anything in the kernel function
 changes, also code outside the loop, and a reordered loop has measured up to 9% slower
 (bench/NOTES.md). csrc/sm90/key_loops.json therefore records, per kernel, the loop's length and a
-digest of its opcode sequence (registers, predicates and addresses left out), with the nvcc that
-compiled it. tests/unit/test_cuda_compile_sm90.py fails when a build with that nvcc gives another
-loop. After measuring such a change against main (lengths it does not touch included), record the new
-loops:
+digest of its opcode sequence (sagebuild/key_loops.py), with the nvcc that compiled it.
+tests/unit/test_cuda_compile_sm90.py fails when a build with that nvcc gives another loop. After
+measuring such a change against main (lengths it does not touch included), record the new loops:
 
     python -m tests.sm90_sass --write
 
@@ -15,7 +14,6 @@ loops:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import subprocess
@@ -23,14 +21,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from sagebuild.key_loops import RECORD, key_loops
 from tests.cuda_toolchain import NO_NVCC, NVCC, compile_nvcc, cuobjdump, nvcc_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 SM90_SOURCES = sorted((ROOT / "csrc" / "sm90").glob("*.cu"))
 ARCH = "sm_90a"
-KEY_LOOPS = ROOT / "csrc" / "sm90" / "key_loops.json"
-SASS_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
-GUARD = re.compile(r"^@!?U?P\w+\s+")  # an instruction's guard predicate (@P0, @!UP1, ...)
+KEY_LOOPS = ROOT / RECORD
 
 
 def compile_cubin(source: Path, cubin: Path, *extra: str) -> str:
@@ -44,57 +41,6 @@ def disassemble(tool: str, cubin: Path) -> str:
     proc = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
-
-
-def sass_functions(sass: str) -> dict[str, list[tuple[int, str]]]:
-    """{mangled kernel name: [(address, instruction text without the trailing ';')]}."""
-    functions = {}
-    for chunk in re.split(r"\n\s*Function : ", sass)[1:]:
-        name = chunk.split("\n", 1)[0].strip()
-        functions[name] = [(int(a, 16), text.strip()) for a, text in SASS_INSTRUCTION.findall(chunk)]
-    return functions
-
-
-def key_loop(code: list[tuple[int, str]]) -> list[tuple[int, str]]:
-    """The steady-state key loop: the shortest span from a backward branch's target to the branch
-    that holds a block's softmax (64 exp2 and 2 for the rescale)."""
-    index = {address: i for i, (address, _) in enumerate(code)}
-    loops = []
-    for i, (address, text) in enumerate(code):
-        target = re.search(r"BRA\S* .*?0x([0-9a-f]+)", text)
-        if target and int(target.group(1), 16) < address and int(target.group(1), 16) in index:
-            span = code[index[int(target.group(1), 16)] : i + 1]
-            if sum("MUFU.EX2" in t for _, t in span) >= 64:
-                loops.append(span)
-    assert loops, "no key loop found"
-    return min(loops, key=len)
-
-
-def kernel_label(name: str) -> str:
-    """'d128 causal bf16' and the like, from a mangled attn_int8_fp8_sm90_kernel<D, kCausal, OutT> name."""
-    found = re.search(r"kernelILi(\d+)ELb([01])E(\d+)(\w+?)EEv", name)
-    assert found, f"not an sm90 attention kernel: {name}"
-    out = {"__nv_bfloat16": "bf16", "__half": "fp16"}[found.group(4)]
-    return f"d{found.group(1)} {'causal' if found.group(2) == '1' else 'non-causal'} {out}"
-
-
-def loop_record(code: list[tuple[int, str]]) -> dict[str, object]:
-    """A key loop's length and the SHA-256 of its opcodes in order (guard predicates, operands and
-    addresses dropped), one per line."""
-    opcodes = [GUARD.sub("", text).split(" ", 1)[0] for _, text in key_loop(code)]
-    return {
-        "instructions": len(opcodes),
-        "opcodes_sha256": hashlib.sha256("\n".join(opcodes).encode()).hexdigest(),
-    }
-
-
-def key_loops(sass_by_source: dict[str, str]) -> dict[str, dict[str, object]]:
-    """{kernel label: loop_record} over every kernel of the given SASS texts."""
-    return {
-        kernel_label(name): loop_record(code)
-        for sass in sass_by_source.values()
-        for name, code in sass_functions(sass).items()
-    }
 
 
 def nvcc_release(nvcc: str) -> str:
@@ -121,7 +67,7 @@ def main(argv: list[str]) -> int:
     if NVCC is None:
         print(NO_NVCC, file=sys.stderr)
         return 1
-    current = {"nvcc": nvcc_release(NVCC), "kernels": key_loops(compile_sass())}
+    current = {"nvcc": nvcc_release(NVCC), "kernels": key_loops(compile_sass().values())}
     if argv == ["--write"]:
         KEY_LOOPS.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
         print(f"wrote {KEY_LOOPS.relative_to(ROOT)} ({current['nvcc']})")

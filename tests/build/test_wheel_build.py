@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from sagebuild import build as sagebuild_build
-from sagebuild import envs
+from sagebuild import envs, key_loops
 from sagebuild.matrix import REPO_ROOT, load
 
 pytestmark = pytest.mark.build
@@ -87,6 +87,12 @@ def test_real_wheel_build_and_verify(tmp_path):
         assert line in proc.stdout
     if any(p.skipped is None for p in planned):
         assert "✓ SASS sageattention/" in proc.stdout and ": sm_90a" in proc.stdout
+    # the wheel's sm_90a key loops are the measured ones when its nvcc is the one that recorded them
+    recorded_nvcc = key_loops.load_record(REPO_ROOT)["nvcc"]
+    if f"V{info['nvcc']}" == recorded_nvcc:
+        assert f"✓ sm_90a key loops: the 8 measured ones ({key_loops.RECORD.as_posix()}" in proc.stdout
+    else:
+        assert "sm_90a key loops: " in proc.stdout
     print(f"timings: build {build_s:.0f}s, verify {verify_s:.0f}s")
     assert build_s + verify_s < BUDGET_S
 

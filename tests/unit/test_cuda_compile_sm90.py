@@ -37,19 +37,9 @@ import pytest
 import torch
 
 from sageattention.reference import permute_keys_sm90
+from sagebuild.key_loops import GUARD, key_loop, key_loops, sass_functions
 from tests.cuda_toolchain import NO_NVCC, NVCC, compile_nvcc, cuobjdump, gpu_codes, nvcc_flags
-from tests.sm90_sass import (
-    ARCH,
-    GUARD,
-    KEY_LOOPS,
-    SM90_SOURCES,
-    compile_cubin,
-    disassemble,
-    key_loop,
-    key_loops,
-    nvcc_release,
-    sass_functions,
-)
+from tests.sm90_sass import ARCH, KEY_LOOPS, SM90_SOURCES, compile_cubin, disassemble, nvcc_release
 
 ROOT = Path(__file__).resolve().parents[2]
 # Per head dim: (registers per thread at launch, 65536 / threads in units of 8; the consumers'
@@ -435,7 +425,7 @@ def test_sass_key_loops_match_the_record(sm90_sass):
     release = nvcc_release(NVCC)
     if release != recorded["nvcc"]:
         pytest.skip(f"the key loops were recorded with nvcc {recorded['nvcc']}; this one is {release}")
-    current = key_loops(sm90_sass)
+    current = key_loops(sm90_sass.values())
     before = {label: loop["instructions"] for label, loop in recorded["kernels"].items()}
     changed = [
         f"{label}: {before.get(label)} -> {loop['instructions']} instructions"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from wheel.wheelfile import WheelFile
 
-from sagebuild import cli
+from sagebuild import cli, key_loops
 from sagebuild.matrix import Arch, load
 from sagebuild.verify import VerifyOptions, verify_wheel
 
@@ -40,9 +40,10 @@ def fake_library(payload: bytes, machine: int = EM_X86_64) -> bytes:
     return header + load + payload + bytes(shdr) + section
 
 
-def sass(*archs: str) -> bytes:
-    """A compiled module holding SASS for these archs (as the stand-in cuobjdump lists them)."""
-    return fake_library(f"SASS: {' '.join(archs)}\n".encode())
+def sass(*archs: str, text: str = "") -> bytes:
+    """A compiled module holding SASS for these archs (as the stand-in cuobjdump lists them), and
+    ``text`` as what its ``cuobjdump -sass`` prints."""
+    return fake_library(f"SASS: {' '.join(archs)}\nSASSTEXT\n{text}".encode())
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +67,8 @@ def fake_cuobjdump(tmp_path_factory) -> Path:
         "        sys.exit(255)\n"
         "    for i, sm in enumerate(found.group(1).split(), 1):\n"
         "        print(f'ELF file    {i}: x.{i}.{sm}.cubin')\n"
+        "elif flag == '-sass':\n"
+        "    print(text.split('SASSTEXT\\n', 1)[1] if 'SASSTEXT\\n' in text else '')\n"
     )
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return path
@@ -473,3 +476,92 @@ def test_real_shared_library_passes_and_its_halves_fail():
     for cut in (len(data) // 2, len(data) - 512):  # (the last bytes may be padding no table covers)
         with pytest.raises(BinaryError, match="past the end of the file"):
             binary_summary(torch._C.__file__, data[:cut], "linux_x86_64")
+
+
+# ----------------------------------------------------------------------------------------------------
+# The sm_90a key loops: the ones measured, or a note that the wheel's Hopper speed is unmeasured
+
+KERNELS = {  # label -> the mangled template arguments of attn_int8_fp8_sm90_kernel<D, kCausal, OutT>
+    f"d{d} {'causal' if c else 'non-causal'} {t}": f"ILi{d}ELb{c}E{o}EEv"
+    for d in (64, 128)
+    for c in (0, 1)
+    for t, o in (("bf16", "13__nv_bfloat16"), ("fp16", "6__half"))
+}
+
+
+def fake_attention_sass(swapped: frozenset = frozenset()) -> str:
+    """cuobjdump -sass of the eight attention kernels and a quantization kernel, each attention kernel
+    with a key loop (a backward branch over 66 exp2); in the ``swapped`` ones two of its opcodes trade
+    places."""
+    chunks = ["\t\tFunction : _ZN4sage12quant_kernelEv\n        /*0000*/   EXIT ;\n"]
+    for label, args in KERNELS.items():
+        body = ["IMAD.MOV.U32 R1, RZ, RZ, c[0x0][0x28]", "I2FP.F32.S32 R4, R4", "FFMA R4, R4, R5, -R6"]
+        body += ["MUFU.EX2 R7, R4"] * 66 + ["F2FP.SATFINITE.E4M3.F32.PACK_AB R8, R7, R7"]
+        if label in swapped:
+            body[1], body[2] = body[2], body[1]
+        lines = [f"        /*{16 * i:04x}*/   {op} ;" for i, op in enumerate(body)]
+        lines.append(f"        /*{16 * len(body):04x}*/   @P0 BRA 0x10 ;")
+        lines.append(f"        /*{16 * len(body) + 16:04x}*/   EXIT ;")
+        name = f"_ZN4sage49_GLOBAL__N__attn_int8_fp8_sm90_kernel{args}14CUtensorMap_st"
+        chunks.append(f"\t\tFunction : {name}\n" + "\n".join(lines) + "\n")
+    return "\n".join(chunks)
+
+
+@pytest.fixture()
+def measured(monkeypatch):
+    """The record as if the unswapped fake loops were the measured ones."""
+    record = {"nvcc": "V13.0.88", "kernels": key_loops.key_loops([fake_attention_sass()])}
+    monkeypatch.setattr("sagebuild.key_loops.load_record", lambda source_root: record)
+    return record
+
+
+def sm90_wheel(folder: Path, text: str) -> Path:
+    files = {
+        "sageattention/__init__.py": b"",
+        f"sageattention/_fused.{SO}": sass("sm_80", "sm_90a"),
+        f"sageattention/_qattn_sm80.{SO}": sass("sm_80", "sm_90a"),
+        f"sageattention/_qattn_sm90.{SO}": sass("sm_90a", text=text),
+    }
+    return good_cuda_wheel(folder, files=files)
+
+
+def test_the_measured_key_loops_are_said(tmp_path, matrix, fake_cuobjdump, measured):
+    report = verify_wheel(sm90_wheel(tmp_path, fake_attention_sass()), matrix, options(fake_cuobjdump))
+    assert report.passed, report.render()
+    assert (
+        "✓ sm_90a key loops: the 8 measured ones (csrc/sm90/key_loops.json, nvcc V13.0.88)" in report.render()
+    )
+
+
+def test_other_key_loops_are_a_note_not_a_failure(tmp_path, matrix, fake_cuobjdump, measured):
+    swapped = frozenset({"d128 non-causal bf16", "d64 causal fp16"})
+    report = verify_wheel(sm90_wheel(tmp_path, fake_attention_sass(swapped)), matrix, options(fake_cuobjdump))
+    assert report.passed, report.render()
+    notes = [c.label for c in report.checks if c.status == "note"]
+    assert len(notes) == 1 and notes[0].startswith("sm_90a key loops: 2 of 8 differ from the measured ones")
+    assert "Hopper speed is unmeasured" in notes[0]
+    for label in swapped:
+        assert f"{label}: 70 instructions" in notes[0]
+    assert "! sm_90a key loops: 2 of 8 differ" in report.render()
+
+
+def test_a_module_without_its_key_loops_fails(tmp_path, matrix, fake_cuobjdump, measured):
+    """An sm_90a attention kernel in which no key loop can be found is not one this source builds."""
+    broken = fake_attention_sass().replace("@P0 BRA 0x10", "@P0 BRA 0x9990", 1)
+    broken = re.sub(r"@P0 BRA 0x10", "NOP", broken)
+    report = verify_wheel(sm90_wheel(tmp_path, broken), matrix, options(fake_cuobjdump))
+    assert any("sm_90a key loops" in f and "no key loop found" in f for f in failures(report)), (
+        report.render()
+    )
+
+
+def test_key_loop_record_and_compare():
+    """The loop is the shortest backward-branch span over 64 exp2; compare names what changed."""
+    loops = key_loops.key_loops([fake_attention_sass()])
+    assert set(loops) == set(KERNELS) and {loop["instructions"] for loop in loops.values()} == {70}
+    record = {"nvcc": "V13.0.88", "kernels": loops}
+    assert key_loops.compare(loops, record) == []
+    fewer = {label: loop for label, loop in loops.items() if label != "d64 causal bf16"}
+    assert key_loops.compare(fewer, record) == ["d64 causal bf16: not in this build"]
+    with pytest.raises(ValueError, match="not an sm90 attention kernel"):
+        key_loops.kernel_label("_ZN4sage12quant_kernelEv")
