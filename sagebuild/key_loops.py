@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 #: where the record lives, relative to the sageattention package's source folder
@@ -69,7 +70,7 @@ def loop_record(code: list[tuple[int, str]]) -> dict[str, object]:
     }
 
 
-def key_loops(sass_texts) -> dict[str, dict[str, object]]:
+def key_loops(sass_texts: Iterable[str]) -> dict[str, dict[str, object]]:
     """{kernel label: loop_record} over the attention kernels of the given SASS texts (other kernels
     in the same module, such as the fused quantization's, are passed over)."""
     return {

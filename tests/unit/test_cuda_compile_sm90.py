@@ -37,7 +37,7 @@ import pytest
 import torch
 
 from sageattention.reference import permute_keys_sm90
-from sagebuild.key_loops import GUARD, key_loop, key_loops, sass_functions
+from sagebuild.key_loops import GUARD, compare, key_loop, key_loops, sass_functions
 from tests.cuda_toolchain import NO_NVCC, NVCC, compile_nvcc, cuobjdump, gpu_codes, nvcc_flags
 from tests.sm90_sass import ARCH, KEY_LOOPS, SM90_SOURCES, compile_cubin, disassemble, nvcc_release
 
@@ -426,12 +426,7 @@ def test_sass_key_loops_match_the_record(sm90_sass):
     if release != recorded["nvcc"]:
         pytest.skip(f"the key loops were recorded with nvcc {recorded['nvcc']}; this one is {release}")
     current = key_loops(sm90_sass.values())
-    before = {label: loop["instructions"] for label, loop in recorded["kernels"].items()}
-    changed = [
-        f"{label}: {before.get(label)} -> {loop['instructions']} instructions"
-        for label, loop in sorted(current.items())
-        if recorded["kernels"].get(label) != loop
-    ]
+    changed = compare(current, recorded)  # empty exactly when the labels and every loop agree
     assert set(current) == set(recorded["kernels"]) and not changed, (
         "ptxas scheduled other key loops than the recorded ones:\n  " + "\n  ".join(changed) + "\n"
         "Measure the change against main (bench/NOTES.md: lengths it does not touch too), then record the "
