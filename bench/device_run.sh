@@ -3,7 +3,10 @@
 #   build     sagebuild builds the wheel (torch of the machine, sm_90a) into $OUT/wheelhouse, installs it
 #             into /tmp/site and copies its compiled modules into the checkout for the benchmarks
 #   test      install it outside the checkout and run the GPU tests against the installed wheel (-c /dev/null keeps
-#             pyproject.toml's settings out, so the gpu mark is declared on the command line)
+#             pyproject.toml's settings out, so the gpu mark is declared on the command line); where
+#             pytest-xdist is installed, in $TEST_WORKERS processes (default 6) sharing the GPU, with
+#             $SAGEATTN_FUZZ_EXAMPLES (default 30) examples per fuzz property: the whole suite in one
+#             step (one process ran 57% of it in 420 s)
 #   accuracy  bench/accuracy.py (the accuracy protocol, README's Accuracy)
 #   bench     bench/bench_attention.py (the speed protocol, README's Speed) and the diffusion shape
 #   sweep     bench/sweep_triton.py with $SWEEP_ARGS
@@ -35,9 +38,14 @@ for s in "${steps[@]}"; do
       (cd /tmp && PYTHONPATH=$site python -m sageattention env 2>&1 | tail -25)
       ;;
     test)
-      step "GPU tests against the installed wheel"
+      workers=()
+      if python -c "import xdist" 2>/dev/null && [ "${TEST_WORKERS:-6}" -gt 1 ]; then
+        workers=(-n "${TEST_WORKERS:-6}")
+      fi
+      step "GPU tests against the installed wheel (${workers[*]:-one process})"
       # shellcheck disable=SC2086
-      (cd /tmp && PYTHONPATH=$site timeout "${TEST_TIMEOUT:-420}" python -m pytest -q -rfEs -p no:cacheprovider \
+      (cd /tmp && PYTHONPATH=$site SAGEATTN_FUZZ_EXAMPLES=${SAGEATTN_FUZZ_EXAMPLES:-30} \
+        timeout "${TEST_TIMEOUT:-420}" python -m pytest -q -rfEs -p no:cacheprovider "${workers[@]}" \
         -c /dev/null -o "markers=gpu: needs a CUDA GPU" --rootdir "$repo/tests" -m gpu \
         ${PYTEST_ARGS:-"$repo/tests/gpu"} >"$OUT/gpu-tests.log" 2>&1)
       echo "pytest rc=$?"; grep -E "passed|failed|error" "$OUT/gpu-tests.log" | tail -3
