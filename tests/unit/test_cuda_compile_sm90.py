@@ -29,7 +29,6 @@ head dim 64/128 x causal x fp16/bf16 output).
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -37,9 +36,9 @@ import pytest
 import torch
 
 from sageattention.reference import permute_keys_sm90
-from sagebuild.key_loops import GUARD, compare, key_loop, key_loops, sass_functions
+from sagebuild.key_loops import GUARD, compare, key_loop, key_loops, load_record, sass_functions
 from tests.cuda_toolchain import NO_NVCC, NVCC, compile_nvcc, cuobjdump, gpu_codes, nvcc_flags
-from tests.sm90_sass import ARCH, KEY_LOOPS, SM90_SOURCES, compile_cubin, disassemble, nvcc_release
+from tests.sm90_sass import ARCH, SM90_SOURCES, compile_cubin, disassemble, nvcc_release
 
 ROOT = Path(__file__).resolve().parents[2]
 # Per head dim: (registers per thread at launch, 65536 / threads in units of 8; the consumers'
@@ -421,7 +420,7 @@ def test_sass_key_loops_match_the_record(sm90_sass):
     kernel; tests/sm90_sass.py). ptxas schedules the loop anew after any edit of the kernel function,
     and a reordered loop has measured up to 9% slower: a change that moves a loop is measured against
     main, then recorded. Checked with the nvcc build that made the record only."""
-    recorded = json.loads(KEY_LOOPS.read_text())
+    recorded = load_record(ROOT)
     release = nvcc_release(NVCC)
     if release != recorded["nvcc"]:
         pytest.skip(f"the key loops were recorded with nvcc {recorded['nvcc']}; this one is {release}")
@@ -436,7 +435,7 @@ def test_sass_key_loops_match_the_record(sm90_sass):
 
 def test_key_loop_record_covers_every_kernel():
     """The record names the eight kernels: head dim 64 and 128, causal or not, bf16 or fp16 output."""
-    recorded = json.loads(KEY_LOOPS.read_text())
+    recorded = load_record(ROOT)
     expected = {
         f"d{d} {c} {t}" for d in (64, 128) for c in ("causal", "non-causal") for t in ("bf16", "fp16")
     }
