@@ -38,10 +38,8 @@ for s in "${steps[@]}"; do
       (cd /tmp && PYTHONPATH=$site python -m sageattention env 2>&1 | tail -25)
       ;;
     test)
-      workers=()
-      if python -c "import xdist" 2>/dev/null && [ "${TEST_WORKERS:-6}" -gt 1 ]; then
-        workers=(-n "${TEST_WORKERS:-6}")
-      fi
+      n_workers=${TEST_WORKERS:-6} workers=()
+      if python -c "import xdist" 2>/dev/null && [ "$n_workers" -gt 1 ]; then workers=(-n "$n_workers"); fi
       step "GPU tests against the installed wheel (${workers[*]:-one process})"
       # shellcheck disable=SC2086
       (cd /tmp && PYTHONPATH=$site SAGEATTN_FUZZ_EXAMPLES=${SAGEATTN_FUZZ_EXAMPLES:-30} \
