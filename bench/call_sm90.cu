@@ -14,7 +14,9 @@
 // written to flush the L2, from the end of those writes; CALL_FLUSHED_PARTS=1 times the quantization
 // and the attention that way too. CALL_NO_SPLIT=1
 // in the environment runs whole tiles only (no split plan for the last wave); -DCALL_HEAD_DIM=64 builds
-// it for head dim 64. -DSAGE_QUANT_TIMES also prints the quantization's timeline (quant_timeline).
+// it for head dim 64. -DSAGE_QUANT_TIMES also prints the quantization's timeline (quant_timeline), back to
+// back and after the flush: each item kind's life, the CTAs running over the launch, and its tail (how
+// long the SMs idle at its end, and which items are still running then).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -94,6 +96,37 @@ void quant_timeline(const std::function<void()>& quant) {
     std::printf(" %.0f/%.0f/%.0f/%.0f", run[0], run[1], run[2], run[3]);
   }
   std::printf("\n");
+  // The launch's tail: how long each SM idles between its last CTA's end and the launch's, and what
+  // the CTAs still running in the last microseconds are.
+  std::vector<long long> sm_end;
+  for (int c = 0; c < kMax; ++c) {
+    const long long* f = &t[size_t(c) * kF];
+    if (f[kQtStart] == 0) continue;
+    const size_t sm = static_cast<size_t>(f[kQtSm]);
+    if (sm_end.size() <= sm) sm_end.resize(sm + 1, 0);
+    sm_end[sm] = std::max(sm_end[sm], f[kQtEnd]);
+  }
+  std::vector<double> idle;
+  for (const long long e : sm_end) {
+    if (e > 0) idle.push_back((end - e) * 1e-3);
+  }
+  std::sort(idle.begin(), idle.end());
+  if (!idle.empty()) {
+    double sum = 0;
+    for (const double x : idle) sum += x;
+    const auto pct = [&](double q) { return idle[static_cast<size_t>(q * (idle.size() - 1))]; };
+    std::printf("  tail: %zu SMs idle at the end for %.2f us on average (p10 %.2f, p50 %.2f, p90 %.2f, max %.2f)\n",
+                idle.size(), sum / idle.size(), pct(0.1), pct(0.5), pct(0.9), idle.back());
+  }
+  for (const double last_us : {1.0, 2.0, 4.0}) {
+    int running[4] = {};
+    for (int c = 0; c < kMax; ++c) {
+      const long long* f = &t[size_t(c) * kF];
+      if (f[kQtStart] != 0 && f[kQtEnd] > end - static_cast<long long>(last_us * 1e3)) ++running[f[kQtKind]];
+    }
+    std::printf("  CTAs running in the last %.0f us, stats/V/K/Q: %d/%d/%d/%d\n", last_us, running[0], running[1],
+                running[2], running[3]);
+  }
 }
 #endif
 
@@ -182,7 +215,13 @@ int main(int argc, char** argv) {
     }
   }
 #ifdef SAGE_QUANT_TIMES
+  std::printf("back to back: ");
   quant_timeline(quant);
+  std::printf("after the flush: ");
+  quant_timeline([&]() {
+    CHECK(cudaMemsetAsync(flush, 0, kFlushBytes, s));
+    quant();
+  });
 #endif
   const double flops = 4.0 * batch * heads * double(n) * n * D * (causal ? 0.5 : 1.0);
   std::printf("n=%d b=%d h=%d %s: quantization %.1f us, attention %.1f us (%.0f TOPS), call %.1f us (%.0f TOPS), "
