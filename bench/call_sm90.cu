@@ -50,7 +50,8 @@ unsigned long long output_hash(const void* out, int64_t elems) {
 
 #ifdef SAGE_QUANT_TIMES
 // -DSAGE_QUANT_TIMES (built into csrc/fused/quant_qkv.cu as well): one more quantization, then per item
-// kind its CTAs' mean life and statistics wait, and the CTAs running over the launch's span in twelve bins.
+// kind its CTAs' mean life and statistics wait, the CTAs running over the launch's span in twelve bins,
+// and the launch's tail.
 void quant_timeline(const std::function<void()>& quant) {
   using namespace sage;
   constexpr int kMax = kQuantTimesMax, kF = kQuantTimeFields;
@@ -60,14 +61,19 @@ void quant_timeline(const std::function<void()>& quant) {
   CHECK(cudaDeviceSynchronize());
   CHECK(quant_qkv_times(t.data(), kMax));
   const char* names[4] = {"stats", "V tile", "K block", "Q tile"};
+  std::vector<const long long*> recorded;  // the records of the launch's CTAs
+  for (int c = 0; c < kMax; ++c) {
+    if (t[size_t(c) * kF + kQtStart] != 0) recorded.push_back(&t[size_t(c) * kF]);
+  }
   long long begin = -1, end = 0;
-  int ctas = 0;
+  const int ctas = static_cast<int>(recorded.size());
   double life[4] = {}, wait[4] = {};
   int count[4] = {}, waited[4] = {};
-  for (int c = 0; c < kMax; ++c) {
-    const long long* f = &t[size_t(c) * kF];
-    if (f[kQtStart] == 0) continue;
-    ++ctas;
+  std::vector<long long> sm_end;  // per SM, its last CTA's end
+  for (const long long* f : recorded) {
+    const size_t sm = static_cast<size_t>(f[kQtSm]);
+    if (sm_end.size() <= sm) sm_end.resize(sm + 1, 0);
+    sm_end[sm] = std::max(sm_end[sm], f[kQtEnd]);
     begin = begin < 0 ? f[kQtStart] : std::min(begin, f[kQtStart]);
     end = std::max(end, f[kQtEnd]);
     const int k = int(f[kQtKind]);
@@ -87,9 +93,7 @@ void quant_timeline(const std::function<void()>& quant) {
   for (int bin = 0; bin < kBins; ++bin) {
     const double b0 = begin + double(end - begin) * bin / kBins, b1 = begin + double(end - begin) * (bin + 1) / kBins;
     double run[4] = {};
-    for (int c = 0; c < kMax; ++c) {
-      const long long* f = &t[size_t(c) * kF];
-      if (f[kQtStart] == 0) continue;
+    for (const long long* f : recorded) {
       const double o = std::min<double>(f[kQtEnd], b1) - std::max<double>(f[kQtStart], b0);
       if (o > 0) run[f[kQtKind]] += o / (b1 - b0);
     }
@@ -98,14 +102,6 @@ void quant_timeline(const std::function<void()>& quant) {
   std::printf("\n");
   // The launch's tail: how long each SM idles between its last CTA's end and the launch's, and what
   // the CTAs still running in the last microseconds are.
-  std::vector<long long> sm_end;
-  for (int c = 0; c < kMax; ++c) {
-    const long long* f = &t[size_t(c) * kF];
-    if (f[kQtStart] == 0) continue;
-    const size_t sm = static_cast<size_t>(f[kQtSm]);
-    if (sm_end.size() <= sm) sm_end.resize(sm + 1, 0);
-    sm_end[sm] = std::max(sm_end[sm], f[kQtEnd]);
-  }
   std::vector<double> idle;
   for (const long long e : sm_end) {
     if (e > 0) idle.push_back((end - e) * 1e-3);
@@ -120,9 +116,8 @@ void quant_timeline(const std::function<void()>& quant) {
   }
   for (const double last_us : {1.0, 2.0, 4.0}) {
     int running[4] = {};
-    for (int c = 0; c < kMax; ++c) {
-      const long long* f = &t[size_t(c) * kF];
-      if (f[kQtStart] != 0 && f[kQtEnd] > end - static_cast<long long>(last_us * 1e3)) ++running[f[kQtKind]];
+    for (const long long* f : recorded) {
+      if (f[kQtEnd] > end - static_cast<long long>(last_us * 1e3)) ++running[f[kQtKind]];
     }
     std::printf("  CTAs running in the last %.0f us, stats/V/K/Q: %d/%d/%d/%d\n", last_us, running[0], running[1],
                 running[2], running[3]);
