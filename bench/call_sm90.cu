@@ -12,14 +12,18 @@
 // of the call's output: two builds that should agree bit for bit print the same hash. The flushed call
 // is the call timed as the DESIGN protocol times it (triton.testing.do_bench): after 256 MiB of zeros
 // written to flush the L2, from the end of those writes; CALL_FLUSHED_PARTS=1 times the quantization
-// and the attention that way too. CALL_NO_SPLIT=1
-// in the environment runs whole tiles only (no split plan for the last wave); -DCALL_HEAD_DIM=64 builds
-// it for head dim 64. -DSAGE_QUANT_TIMES also prints the quantization's timeline (quant_timeline), back to
-// back and after the flush: each item kind's life, the CTAs running over the launch, and its tail (how
-// long the SMs idle at its end, and which items are still running then).
+// and the attention that way too. CALL_COMPARE=<file> compares the output with another build's (see
+// compare_output). CALL_NO_SPLIT=1 in the environment runs whole tiles only (no split plan for the last
+// wave); -DCALL_HEAD_DIM=64 builds it for head dim 64. -DSAGE_QUANT_TIMES also prints the
+// quantization's timeline (quant_timeline), back to back and after the flush: each item kind's life,
+// the CTAs running over the launch, and its tail (how long the SMs idle at its end, and which items are
+// still running then).
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -40,12 +44,49 @@ using bench::dev;
 constexpr int kCalls = 20;  // calls per timed pass
 
 // FNV-1a over the output's 16-bit elements: builds that should agree bit for bit print the same hash.
-unsigned long long output_hash(const void* out, int64_t elems) {
-  std::vector<uint16_t> host(static_cast<size_t>(elems));
-  CHECK(cudaMemcpy(host.data(), out, sizeof(uint16_t) * host.size(), cudaMemcpyDeviceToHost));
+unsigned long long output_hash(const std::vector<uint16_t>& host) {
   unsigned long long h = 1469598103934665603ull;
   for (const uint16_t x : host) h = (h ^ x) * 1099511628211ull;
   return h;
+}
+
+float bf16_value(uint16_t x) {
+  uint32_t bits = uint32_t{x} << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// CALL_COMPARE=<file>: the output written there when the file does not exist, else compared with it
+// (a build against another's output: relative L1 sum|o - r| / sum|r|, the largest difference, the
+// cosine). Returns the printed line, empty without CALL_COMPARE.
+std::string compare_output(const std::vector<uint16_t>& host) {
+  const char* path = std::getenv("CALL_COMPARE");
+  if (path == nullptr) return "";
+  std::FILE* f = std::fopen(path, "rb");
+  if (f == nullptr) {
+    f = std::fopen(path, "wb");
+    if (f == nullptr || std::fwrite(host.data(), sizeof(uint16_t), host.size(), f) != host.size()) {
+      std::fprintf(stderr, "CALL_COMPARE: cannot write %s\n", path);
+      std::exit(1);
+    }
+    std::fclose(f);
+    return "compare: reference written\n";
+  }
+  std::vector<uint16_t> ref(host.size());
+  const size_t got = std::fread(ref.data(), sizeof(uint16_t), ref.size(), f);
+  std::fclose(f);
+  if (got != ref.size()) return "compare: the reference has another size\n";
+  double diff = 0, mag = 0, dot = 0, oo = 0, rr = 0, top = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double o = bf16_value(host[i]), r = bf16_value(ref[i]);
+    diff += std::fabs(o - r), mag += std::fabs(r), dot += o * r, oo += o * o, rr += r * r;
+    top = std::max(top, std::fabs(o - r));
+  }
+  char line[160];
+  std::snprintf(line, sizeof line, "compare: relative L1 %.3e, max |diff| %.3e, cosine %.8f\n", diff / mag, top,
+                dot / std::sqrt(oo * rr));
+  return line;
 }
 
 #ifdef SAGE_QUANT_TIMES
@@ -218,12 +259,15 @@ int main(int argc, char** argv) {
     quant();
   });
 #endif
+  std::vector<uint16_t> host(static_cast<size_t>(elems));
+  CHECK(cudaMemcpy(host.data(), in.out, sizeof(uint16_t) * host.size(), cudaMemcpyDeviceToHost));
   const double flops = 4.0 * batch * heads * double(n) * n * D * (causal ? 0.5 : 1.0);
   std::printf("n=%d b=%d h=%d %s: quantization %.1f us, attention %.1f us (%.0f TOPS), call %.1f us (%.0f TOPS), "
               "call - parts %.1f us, flushed call %.1f us (%.0f TOPS), output hash %016llx\n",
               n, batch, heads, causal ? "causal" : "non-causal", med[0][0], med[0][1], flops / med[0][1] * 1e-6,
               med[0][2], flops / med[0][2] * 1e-6, med[0][2] - med[0][0] - med[0][1], med[1][2],
-              flops / med[1][2] * 1e-6, output_hash(in.out, elems));
+              flops / med[1][2] * 1e-6, output_hash(host));
+  std::printf("%s", compare_output(host).c_str());
   if (flushed_parts) std::printf("flushed: quantization %.1f us, attention %.1f us\n", med[1][0], med[1][1]);
   return 0;
 }

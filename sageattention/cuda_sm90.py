@@ -20,7 +20,8 @@ The fused op's outputs are bit for bit those of the separate ops given its K mea
 an order of its own: it may differ from ``k.mean(dim=2, dtype=torch.float32)`` by float32 rounding.
 
 It computes what ``sage_ref(q, k, v, pv=PVDtype.FP8, block_m=1, block_n=128, rowsum="rounded",
-key_parts=key_parts(...), ...)`` computes (``key_parts``: the split of the last wave's tiles, below).
+key_parts=key_parts(...), half_exp2_tiles=half_exp2_tiles(head_dim), ...)`` computes (``key_parts``: the
+split of the last wave's tiles, below; ``half_exp2_tiles``: the keys whose 448 P it takes in float16).
 
 A CTA of the kernel is one producer warpgroup (TMA loads) and 3 (head dim 128) or 4 (head dim 64)
 consumer warpgroups of 64 query rows each (``csrc/sm90/attn_int8_fp8.cu``). Non-causal, the tiles of
@@ -35,7 +36,7 @@ import torch
 from . import cuda_common
 from .quant import INT8_MAX, LOG2E
 
-__all__ = ["attention_sm90", "key_parts", "KEY_BLOCK"]
+__all__ = ["attention_sm90", "half_exp2_tiles", "key_parts", "KEY_BLOCK"]
 
 #: Keys per kernel step and K's INT8 block (one scale per block).
 KEY_BLOCK = 128
@@ -60,6 +61,17 @@ def attention_sm90(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool,
         q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, return_lse, out_nhd
     )
     return out, (lse if return_lse else None)
+
+
+#: The 8-key column tiles of a block (bit c: keys 8c..8c+7) whose 448 P the head-dim-128 kernel computes
+#: in float16 (exp2_h2, kH2ExpTiles in csrc/sm90/attn_int8_fp8.cu) where it takes a block without a mask:
+#: tiles 7 and 11.
+HALF_EXP2_TILES_D128 = 0x0880
+
+
+def half_exp2_tiles(head_dim: int) -> int:
+    """``sage_ref``'s ``half_exp2_tiles`` for the kernel of this head dim (0 at d_pad 64)."""
+    return HALF_EXP2_TILES_D128 if cuda_common.d_pad(head_dim) == 128 else 0
 
 
 def key_parts(batch: int, heads_q: int, nq: int, nk: int, head_dim: int, is_causal: bool, device=None):

@@ -35,6 +35,7 @@ from .quant import FP8_E4M3_MAX, INT8_MAX, K_RESIDUAL_MUL, K_RESIDUAL_SCALE, LOG
 
 __all__ = [
     "attention_ref",
+    "exp2_h2_ref",
     "sage_ref",
     "quantize_per_block_ref",
     "quantize_v_fp8_ref",
@@ -169,6 +170,33 @@ def quantize_qk_ref(
     return QuantizedQK(q8, q_scale, k8, k_scale, k_mean)
 
 
+#: exp2_h2 (csrc/sm90/attn_int8_fp8.cu): the bias added to its arguments, and its degree-2 polynomial
+#: for 2^f (|f| <= 1/2, relative error 1.7e-3) scaled by 2^-bias, as the float16 bit patterns the
+#: kernel multiplies with (constant term first)
+H2_EXP2_BIAS = 11.0
+H2_EXP2_POLY_BITS = (0x1000, 0x0DA1, 0x07A1)
+
+
+def exp2_h2_ref(x: torch.Tensor) -> torch.Tensor:
+    """2^x as the sm_90a kernel's exp2_h2 computes it for 448 P (x = the score's exponent plus log2 448,
+    float32), in float16 steps: x + bias, negatives to 0 (2^-bias is 0 in e4m3 anyway) and rounded to
+    float16; j = round(x) and f = x - j; p(f) by the polynomial, two float16 FMAs; p * 2^j. The result
+    is within 0.8% of 2^x for x >= -10 (float16's rounding of x, up to 2^-7, dominates) and at most 2^-10
+    below: e4m3 rounds it to 0 there, as it does 2^x."""
+    h = torch.clamp_min(x.float() + H2_EXP2_BIAS, 0).to(torch.float16).float()
+    j = (h + 1536).to(torch.float16).float() - 1536  # exact: float16 holds integers to 2048
+    f = h - j  # exact, |f| <= 1/2
+    c0, c1, c2 = torch.tensor(H2_EXP2_POLY_BITS, dtype=torch.int16).view(torch.float16).tolist()
+    p = (f * c2 + c1).to(torch.float16).float()  # one rounding, as fma.rn.f16x2
+    p = (p * f + c0).to(torch.float16).float()
+    return p * torch.exp2(j)
+
+
+def _half_exp2_columns(tiles: int, block_n: int, device) -> torch.Tensor:
+    """The keys of a block_n-key block whose 8-key column tile c has bit c set in ``tiles``."""
+    return ((tiles >> (torch.arange(block_n, device=device) // 8)) & 1).bool()
+
+
 def _zero_where_no_key(m: torch.Tensor) -> torch.Tensor:
     """A running max with 0 where a row has seen no key yet (-inf), so that exp2(x - it) stays finite."""
     return torch.where(m == -math.inf, torch.zeros_like(m), m)
@@ -191,6 +219,7 @@ def sage_ref(
     return_lse: bool = False,
     rowsum: str = "exact",
     key_parts: torch.Tensor | None = None,
+    half_exp2_tiles: int = 0,
 ):
     """Simulated-quantization attention: what the Triton kernels compute, in float32 steps.
 
@@ -208,6 +237,11 @@ def sage_ref(
     rounding of P), and the parts merge in part order: m = max_j m_j, acc = sum_j 2^(m_j - m) acc_j, l
     = sum_j 2^(m_j - m) l_j. The sm_90a kernel splits its last wave's tiles so
     (``sageattention.cuda_sm90.key_parts``).
+
+    ``half_exp2_tiles``: with FP8 P·V, the 8-key column tiles of each block (bit c: keys 8c..8c+7 of
+    its ``block_n``) whose 448 P the sm_90a kernel computes in float16 (``exp2_h2_ref``) instead of
+    float32, in the blocks it takes without a mask: whole blocks below Nk of calls that are not causal
+    and have no ``attn_mask`` (``sageattention.cuda_sm90.half_exp2_tiles``). 0: float32 everywhere.
 
     Output is float32 in the caller's layout; LSE (natural log, float32, [B, Hq, Nq]) when asked.
     """
@@ -236,6 +270,9 @@ def sage_ref(
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         additive = attn_mask.float() * torch.tensor(LOG2E, dtype=torch.float32)
     visible = _visible(nq, nk, is_causal, attn_mask, q.device)
+    half = None
+    if half_exp2_tiles and pv is PVDtype.FP8 and not is_causal and attn_mask is None:
+        half = _half_exp2_columns(half_exp2_tiles, block_n, q.device)
 
     def online_softmax(first_blk: int, stop_blk: int):
         """acc, l_sum and the running max m over key blocks [first_blk, stop_blk)."""
@@ -255,7 +292,11 @@ def sage_ref(
             p = torch.exp2(s - m_safe.unsqueeze(-1))
             alpha = torch.exp2(m - m_safe)
             if pv is PVDtype.FP8:
-                p_q = (p * FP8_E4M3_MAX).to(torch.float8_e4m3fn).float()
+                p_q = p * FP8_E4M3_MAX
+                if half is not None and stop - start == block_n:
+                    x = s[..., half] - m_safe.unsqueeze(-1) + math.log2(FP8_E4M3_MAX)
+                    p_q[..., half] = exp2_h2_ref(x)
+                p_q = p_q.to(torch.float8_e4m3fn).float()
             else:
                 p_q = p.to(torch.float16).float()
             l_sum = l_sum * alpha + (p.sum(dim=-1) if rowsum == "exact" else p_q.sum(dim=-1))

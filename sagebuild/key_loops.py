@@ -35,16 +35,25 @@ def sass_functions(sass: str) -> dict[str, list[tuple[int, str]]]:
     return functions
 
 
+#: the first instruction of exp2_h2 (csrc/sm90/attn_int8_fp8.cu), which takes two scores' exp2 in f16x2
+EXP2_PAIR = "F2FP.RELU.F16.F32.PACK_AB"
+
+
+def exp2_count(code: Iterable[tuple[int, str]]) -> int:
+    """The exp2 in a span of SASS: one per MUFU.EX2, two per f16x2 pair of exp2_h2."""
+    return sum(("MUFU.EX2" in text) + 2 * (EXP2_PAIR in text) for _, text in code)
+
+
 def key_loop(code: list[tuple[int, str]]) -> list[tuple[int, str]]:
     """The steady-state key loop: the shortest span from a backward branch's target to the branch
-    that holds a block's softmax (64 exp2 and 2 for the rescale)."""
+    that holds a block's softmax (64 exp2, on either path, and 2 for the rescale)."""
     index = {address: i for i, (address, _) in enumerate(code)}
     loops = []
     for i, (address, text) in enumerate(code):
         target = re.search(r"BRA\S* .*?0x([0-9a-f]+)", text)
         if target and int(target.group(1), 16) < address and int(target.group(1), 16) in index:
             span = code[index[int(target.group(1), 16)] : i + 1]
-            if sum("MUFU.EX2" in t for _, t in span) >= 64:
+            if exp2_count(span) >= 64:
                 loops.append(span)
     if not loops:
         raise ValueError("no key loop found (no backward branch over a block's 64 exp2)")

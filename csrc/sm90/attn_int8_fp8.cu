@@ -59,8 +59,9 @@
 // Softmax cost per score (non-masked blocks): I2FP (int32 -> f32, exact below 2^24: |dot| <= 128 x
 // 128^2 = 2^21; at D = 64 an integer add instead, see softmax), 0.6
 // VIMNMX3 for the row max (over the INT32 scores), one FFMA x * (q_scale k_scale) + (log2(448) - m),
-// MUFU.EX2 (ex2.approx.ftz), half an F2FP pack to e4m3, plus one FFMA per output element for the
-// promotion; the row sum costs nothing here (tensor cores). About 430 SASS instructions per thread
+// MUFU.EX2 (ex2.approx.ftz; in the non-causal D = 128 kernels 1/8 of them in f16x2 on the FMA and ALU
+// pipes instead, exp2_h2 and kH2ExpTiles), half an F2FP pack to e4m3, plus one FFMA per output element
+// for the promotion; the row sum costs nothing here (tensor cores). About 430 SASS instructions per thread
 // and block at D = 128, 400 at D = 64 (an early version: 796, 925 causal, with a multiply for the
 // scale, a subtract, a multiply by 448 and the mask's compare and select on every score). Folding the
 // 448 of the FP8 range into the exponent makes exp2 return 448 P directly; the row sum is then
@@ -245,6 +246,49 @@ __device__ __forceinline__ float ex2_approx(float x) {
   return y;
 }
 
+// 448 P of two scores off the MUFU pipe, as an f16x2 (lo: a0): the FFMA's arguments biased by
+// kH2ExpBias, then in f16x2: relu (below 2^-kH2ExpBias e4m3 rounds to 0 anyway), j = round(a) by adding
+// 1536 (1.5 * 2^10: its mantissa's low bits hold j), 2^f (|f| <= 1/2) by a degree-2 polynomial scaled by
+// 2^-kH2ExpBias, and j added to the exponent field. Eight instructions a pair on the FMA and ALU pipes
+// where the f32 path takes two MUFU.EX2.
+constexpr float kH2ExpBias = 11.0f;
+__device__ __forceinline__ uint32_t exp2_h2(float a0, float a1) {
+  uint32_t h, r, t, f, q;
+  asm("cvt.rn.relu.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(a1), "f"(a0));
+  asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(h), "r"(0x66006600u));
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(t) : "r"(r), "r"(0x66006600u));
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(f) : "r"(h), "r"(t));
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(q) : "r"(f), "r"(0x07A107A1u), "r"(0x0DA10DA1u));
+  asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(q) : "r"(q), "r"(f), "r"(0x10001000u));
+  // r << 10 puts each lane's j in its exponent field, and the low lane's 0x6600 << 10 (1536's bits)
+  // adds 0x198 to the high lane: taken off again (the lanes never carry: j <= 20).
+  return q + (r << 10) - 0x01980000u;
+}
+
+// The column tiles (bit c: keys 8c..8c+7 of a block) whose unmasked scores take exp2_h2: 8 of a
+// thread's 64 exp2 a block off the MUFU pipe, for 24 more instructions in the key loop (445 against
+// 418). Which tiles decides ptxas's schedule of the loop more than the count does: of 33 sets of one to
+// four tiles, measured on two H200s in the call harness (bench/NOTES.md, run ab), tiles 7 and 11 in the
+// non-causal head-dim-128 kernels ran the attention 1.3-2.7% faster and the flushed call 0.7-2.0%
+// faster at b=4 h=32 n=1024, 4096 and 16384 and b=1 h=24 n=4608; most other sets ran slower than
+// MUFU.EX2 alone, by up to 2.5%.
+// The causal and head-dim-64 kernels keep MUFU.EX2 for every score.
+template <int D, bool kCausal>
+constexpr uint32_t kH2ExpTiles = D == 128 && !kCausal ? 0x0880u : 0u;
+
+// Two scores' 448 P as e4m3x2 (x0 in the low byte): from two floats, or (kH2) from exp2_h2's f16x2
+// held in x0's bits.
+template <bool kH2>
+__device__ __forceinline__ uint16_t e4m3x2_of(float x0, float x1) {
+  uint16_t r;
+  if constexpr (kH2) {
+    asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;" : "=h"(r) : "r"(__float_as_uint(x0)));
+  } else {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;" : "=h"(r) : "f"(x0), "f"(x1));
+  }
+  return r;
+}
+
 __device__ __forceinline__ float max2(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ int32_t max2(int32_t a, int32_t b) { return max(a, b); }
 
@@ -305,8 +349,10 @@ __device__ __forceinline__ void issue_pv(float (&pv)[(D + kSumRows) / 2], const 
 // for the output and the row sum, and x = 448 P in the accumulator layout. (The row sum comes from
 // the P·V wgmma, see issue_pv.) kMaxChains: row_max's chains. ptxas schedules the whole key loop
 // around them; two measured faster in the causal D = 128 kernels (1-2% at n = 2k ... 8k), four in
-// the others (two: 1% slower non-causal; bench/NOTES.md, run n).
-template <bool kMask, bool kBiasCvt, int kMaxChains>
+// the others (two: 1% slower non-causal; bench/NOTES.md, run n). kH2, unmasked: the column tiles whose
+// pairs take exp2_h2 (kH2ExpTiles); x[j] then holds the pair's f16x2 bits and x[j + 1] nothing, and
+// pack_p_h2 packs them.
+template <bool kMask, bool kBiasCvt, int kMaxChains, uint32_t kH2 = 0>
 __device__ __forceinline__ void softmax(const int32_t (&s)[kSRegs], const float (&scale)[2], const int (&limit)[2],
                                         float (&m_run)[2], float (&alpha)[2], float (&x)[kSRegs]) {
   float shift[2];  // log2(448) - the new max
@@ -346,6 +392,17 @@ __device__ __forceinline__ void softmax(const int32_t (&s)[kSRegs], const float 
     const float addend = kBiasCvt && !kMask ? fmaf(-kCvtBias, scale[i], shift[i]) : shift[i];
 #pragma unroll
     for (int c = 0; c < kSTiles; ++c) {
+      if constexpr (!kMask && kH2 != 0) {
+        if ((kH2 >> c) & 1) {
+          const int j = 4 * c + 2 * i;
+          const float add_h2 = addend + kH2ExpBias;
+          const float v0 = kBiasCvt ? __int_as_float(s[j] + kCvtBiasBits) : static_cast<float>(s[j]);
+          const float v1 = kBiasCvt ? __int_as_float(s[j + 1] + kCvtBiasBits) : static_cast<float>(s[j + 1]);
+          x[j] = __uint_as_float(exp2_h2(fmaf(v0, scale[i], add_h2), fmaf(v1, scale[i], add_h2)));
+          x[j + 1] = 0.0f;
+          continue;
+        }
+      }
 #pragma unroll
       for (int e = 2 * i; e < 2 * i + 2; ++e) {
         const int j = 4 * c + e;
@@ -373,6 +430,27 @@ __device__ __forceinline__ void pack_p(const float (&x)[kSRegs], uint32_t (&pa)[
     pa[kk][1] = pack_e4m3x4(y[2], y[3], y[6], y[7]);
     pa[kk][2] = pack_e4m3x4(y[8], y[9], y[12], y[13]);
     pa[kk][3] = pack_e4m3x4(y[10], y[11], y[14], y[15]);
+  }
+}
+
+// pack_p with the column tiles in kH2 (exp2_h2's f16x2 in the pair's first float) converted from f16x2.
+template <uint32_t kH2>
+__device__ __forceinline__ void pack_p_h2(const float (&x)[kSRegs], uint32_t (&pa)[kPSteps][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kPSteps; ++kk) {
+    const float* y = x + 16 * kk;
+    const auto half = [&](int off, int tile) -> uint16_t {
+      return ((kH2 >> tile) & 1) ? e4m3x2_of<true>(y[off], y[off + 1]) : e4m3x2_of<false>(y[off], y[off + 1]);
+    };
+    const auto join = [](uint16_t lo, uint16_t hi) {
+      uint32_t r;
+      asm("mov.b32 %0, {%1, %2};" : "=r"(r) : "h"(lo), "h"(hi));
+      return r;
+    };
+    pa[kk][0] = join(half(0, 4 * kk), half(4, 4 * kk + 1));
+    pa[kk][1] = join(half(2, 4 * kk), half(6, 4 * kk + 1));
+    pa[kk][2] = join(half(8, 4 * kk + 2), half(12, 4 * kk + 3));
+    pa[kk][3] = join(half(10, 4 * kk + 2), half(14, 4 * kk + 3));
   }
 }
 
@@ -883,12 +961,22 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
           __syncwarp();
           if (lane == 0) mbar_arrive(&bar.q_empty[cw]);
         }
-        if (masked) {
-          softmax<true, kBiasCvt, kMaxChains>(s, scale, limit, m_run, alpha, x);
+        if constexpr (kH2ExpTiles<D, kCausal> == 0) {
+          if (masked) {
+            softmax<true, kBiasCvt, kMaxChains>(s, scale, limit, m_run, alpha, x);
+          } else {
+            softmax<false, kBiasCvt, kMaxChains>(s, scale, limit, m_run, alpha, x);
+          }
+          pack_p(x, pa);
         } else {
-          softmax<false, kBiasCvt, kMaxChains>(s, scale, limit, m_run, alpha, x);
+          if (masked) {
+            softmax<true, kBiasCvt, kMaxChains>(s, scale, limit, m_run, alpha, x);
+            pack_p(x, pa);
+          } else {
+            softmax<false, kBiasCvt, kMaxChains, kH2ExpTiles<D, kCausal>>(s, scale, limit, m_run, alpha, x);
+            pack_p_h2<kH2ExpTiles<D, kCausal>>(x, pa);
+          }
         }
-        pack_p(x, pa);
         SAGE_TRACE(blk, 3);
         mbar_wait(&bar.v_full[stage], parity);
         SAGE_TRACE(blk, 4);

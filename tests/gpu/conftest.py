@@ -231,7 +231,8 @@ class SageBackend:
         """The ``sage_ref`` keyword arguments that reproduce this backend's quantization. The compiled
         kernels hand head dims that are not a multiple of 8 to the Triton kernels of their P·V
         precision (ops.cuda_attention). ``shape`` (B, Hq, Nq, Nk) and ``causal`` describe the call:
-        with them, the split tiles of the sm_90a kernel (``key_parts``) are reproduced too."""
+        with them, the split tiles of the sm_90a kernel (``key_parts``) are reproduced too; its keys whose
+        448 P it computes in float16 (``half_exp2_tiles``) always."""
         backend = self.resolve(has_mask)
         if not backend.compiled or head_dim % 8:
             from sageattention.triton.launch import reference_options  # noqa: PLC0415 - needs triton
@@ -245,10 +246,11 @@ class SageBackend:
             "k_residual": backend.pv is PVDtype.FP16,
             "rowsum": backend.rowsum,
         }
-        if backend.name == "cuda_sm90" and shape is not None:
+        if backend.name == "cuda_sm90":
             from sageattention import cuda_sm90  # noqa: PLC0415 - needs the compiled module
 
-            parts = cuda_sm90.key_parts(*shape, head_dim, causal)
+            options["half_exp2_tiles"] = cuda_sm90.half_exp2_tiles(head_dim)
+            parts = cuda_sm90.key_parts(*shape, head_dim, causal) if shape is not None else None
             if parts is not None:
                 options["key_parts"] = parts
         return options

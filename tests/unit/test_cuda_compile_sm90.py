@@ -12,13 +12,15 @@ Compile checks (skipped without nvcc, or with an nvcc that cannot target sm_90a)
   as "info", not as a warning.
 * The PTX holds the instructions the kernel is built around: the INT8 and FP8 wgmma shapes,
   wgmma fence/commit/wait, 4-d TMA tile loads completing on mbarriers and the output's TMA stores,
-  setmaxnreg, the named barrier of each warpgroup's output tile, ex2.approx.
+  setmaxnreg, the named barrier of each warpgroup's output tile, ex2.approx, and exp2_h2's f16x2
+  arithmetic.
 * When a cuobjdump is found (next to nvcc, on PATH, or inside the triton package), the SASS holds
   the Hopper tensor-core instructions: IGMMA (INT8) and QGMMA (FP8) warpgroup MMAs, UTMALDG and
   UTMASTG (TMA), USETMAXREG; and, per kernel: no register above the consumers' budget; no spill
   store in the key loop; wgmmas issued in groups, one wait per group; no instruction writing a
   register of an in-flight wgmma or reading its accumulator (a data-flow pass over the SASS
-  control-flow graph); the scores converted as planned; at head dim 128 the tile decoded again under
+  control-flow graph); the scores converted as planned; the exp2 of two column tiles in f16x2 in the
+  non-causal head-dim-128 kernels; at head dim 128 the tile decoded again under
   the last block's Q·Kᵀ, at 64 before it; the output tile's named barrier and no other; the output
   stored by TMA (UTMASTG), no STG but the LSE's; the key loops ptxas scheduled, as
   csrc/sm90/key_loops.json records them (tests/sm90_sass.py; checked with the recording nvcc only).
@@ -36,7 +38,16 @@ import pytest
 import torch
 
 from sageattention.reference import permute_keys_sm90
-from sagebuild.key_loops import GUARD, compare, key_loop, key_loops, load_record, sass_functions
+from sagebuild.key_loops import (
+    EXP2_PAIR,
+    GUARD,
+    compare,
+    exp2_count,
+    key_loop,
+    key_loops,
+    load_record,
+    sass_functions,
+)
 from tests.cuda_toolchain import NO_NVCC, NVCC, compile_nvcc, cuobjdump, gpu_codes, nvcc_flags
 from tests.sm90_sass import ARCH, SM90_SOURCES, compile_cubin, disassemble, nvcc_release
 
@@ -60,6 +71,9 @@ PTX_EXPECTED = [
     "setmaxnreg.dec.sync.aligned.u32",
     "cvt.rn.satfinite.e4m3x2.f32",
     "ex2.approx.ftz.f32",
+    "cvt.rn.relu.f16x2.f32",  # exp2_h2: two scores' exp2 in f16x2 (non-causal head dim 128)
+    "fma.rn.f16x2",
+    "cvt.rn.satfinite.e4m3x2.f16x2",
     "bar.sync",  # each consumer warpgroup's output tile (a named barrier)
     "griddepcontrol.wait",  # programmatic launch: global accesses wait for the kernel before
     "cp.async.bulk.prefetch.tensor.4d.L2.global.tile",  # the next tile's Q into L2
@@ -349,7 +363,7 @@ def test_sass_score_conversion_by_kernel(sm90_sass, source):
         head_dim = head_dim_of(name)
         adds = sum(bool(re.match(r"VIADD R\d+, R\d+, 0x4b400000$", text)) for _, text in code)
         i2fp = sum(text.startswith("I2FP.F32.S32") for _, text in code)
-        copies = sum("MUFU.EX2" in text for _, text in code) // 66  # 64 scores and 2 rescales
+        copies = exp2_count(code) // 66  # 64 scores and 2 rescales
         assert copies >= 2, f"{name}: {copies} softmax copies"
         if head_dim == "64":
             assert adds == 64 * copies // 2 and i2fp <= 66 * copies // 2, f"{name}: {adds} adds, {i2fp} I2FP"
@@ -406,12 +420,31 @@ def test_sass_one_named_barrier_and_output_by_tma(sm90_sass, source):
 def test_sass_whole_last_block_takes_the_unmasked_softmax(sm90_sass, source):
     """At head dim 128 a non-causal last block that lies wholly below Nk skips the mask (run m:
     1.5-4% faster): those kernels inline the block's softmax three times (the key loop's, the masked
-    last block's, the unmasked last block's: 64 exp2 each, and 2 for the rescale); the causal and the
-    head-dim-64 ones twice."""
+    last block's, the unmasked last block's: 64 exp2 each, on either path, and 2 for the rescale); the
+    causal and the head-dim-64 ones twice."""
     for name, code in _kernels(sm90_sass, source).items():
-        exp2 = sum(text.startswith("MUFU.EX2") for _, text in code)
+        exp2 = exp2_count(code)
         softmaxes = 3 if re.search(r"kernelILi128ELb0E", name) else 2
         assert softmaxes * 66 <= exp2 < (softmaxes + 1) * 64, f"{name}: {exp2} MUFU.EX2"
+
+
+@needs_nvcc
+@pytest.mark.parametrize("source", [p.name for p in SM90_SOURCES])
+def test_sass_exp2_in_half_precision_by_kernel(sm90_sass, source):
+    """The non-causal head-dim-128 kernels take the exp2 of two of a block's 16 column tiles (7 and 11:
+    8 of a thread's 64 scores) in f16x2 on the FMA and ALU pipes (exp2_h2; 1.3-2.7% faster, run ab),
+    in both of their unmasked softmaxes: the key loop holds 56 + 2 MUFU.EX2 and 4 f16x2 pairs, each
+    packed to e4m3 from f16x2. The masked softmax and the other kernels keep MUFU.EX2 for all 64."""
+    for name, code in _kernels(sm90_sass, source).items():
+        loop = key_loop(code)
+        mufu = sum("MUFU.EX2" in text for _, text in loop)
+        pairs = sum(EXP2_PAIR in text for _, text in loop)
+        packs = sum(text.startswith("F2FP.SATFINITE.E4M3.F16") for _, text in loop)
+        whole = sum(EXP2_PAIR in text for _, text in code)
+        if head_dim_of(name) == "128" and not re.search(r"kernelILi\d+ELb1E", name):
+            assert (mufu, pairs, packs, whole) == (58, 4, 4, 8), f"{name}: {mufu}, {pairs}, {packs}, {whole}"
+        else:
+            assert (mufu, pairs, packs, whole) == (66, 0, 0, 0), f"{name}: {mufu}, {pairs}, {packs}, {whole}"
 
 
 @needs_nvcc

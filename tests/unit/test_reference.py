@@ -236,3 +236,57 @@ def test_two_level_k_meets_the_fp16_promise_on_outliers(inputs, metrics):
     two = metrics.summary(sage_ref(q, k, v, block_m=1, block_n=64, k_residual=True), ref)
     assert two["rel_l1"] < 0.8 * one["rel_l1"], (one, two)
     assert two["cos"] >= 0.9999 and two["rel_l1"] <= 0.015, metrics.fmt(two)
+
+
+def test_exp2_h2_ref_stays_within_its_bounds():
+    """The sm_90a kernel's float16 exp2 (exp2_h2) as simulated: within 0.8% of 2^x where e4m3 keeps a
+    value (x >= -10), at most 2^-10 below it (rounded to e4m3's 0, as 2^x is), and 448 P = 448 at a
+    row's maximum (x = log2 448), where float16 rounds x up and e4m3 saturates."""
+    from sageattention.reference import exp2_h2_ref  # noqa: PLC0415
+
+    x = torch.linspace(-40.0, math.log2(448.0), 100_001)
+    got, exact = exp2_h2_ref(x), torch.exp2(x)
+    kept = x >= -10
+    assert ((got[kept] / exact[kept]) - 1).abs().max() <= 0.008
+    assert got[~kept].max() <= 2.0**-10
+    assert not got[~kept].to(torch.float8_e4m3fn).float().any()
+    at_max = exp2_h2_ref(torch.tensor([math.log2(448.0)])).to(torch.float8_e4m3fn).float()
+    assert at_max.item() == 448.0
+
+
+def test_half_exp2_tiles_move_only_whole_unmasked_blocks(inputs, metrics):
+    """sage_ref's half_exp2_tiles (the sm_90a kernel's float16 exp2 for keys 56-63 and 88-95 of each
+    128-key block): it changes the output of a non-causal call, keeps it within the FP8 bounds, and
+    changes nothing where the kernel takes every block with a mask (causal) or where no block is
+    whole (Nk < 128)."""
+    from sageattention import cuda_sm90  # noqa: PLC0415
+
+    tiles = cuda_sm90.half_exp2_tiles(128)
+    cos_min, l1_max = SAGE_REF_BOUNDS[PVDtype.FP8, "randn"]
+    q, k, v = inputs.make_qkv(1, 2, 2, 64, 300, 128, dtype=torch.float16)
+    opts = {"pv": PVDtype.FP8, "block_m": 1, "block_n": 128, "rowsum": "rounded"}
+    plain, half = sage_ref(q, k, v, **opts), sage_ref(q, k, v, half_exp2_tiles=tiles, **opts)
+    assert not torch.equal(plain, half)
+    stats = metrics.summary(half, attention_ref(q, k, v))
+    assert stats["cos"] >= cos_min and stats["rel_l1"] <= l1_max, metrics.fmt(stats)
+    assert metrics.cosine(half, plain) >= 0.9999
+    causal = {"is_causal": True, **opts}
+    assert torch.equal(sage_ref(q, k, v, **causal), sage_ref(q, k, v, half_exp2_tiles=tiles, **causal))
+    short = [t[:, :, :100] for t in (k, v)]
+    assert torch.equal(sage_ref(q, *short, **opts), sage_ref(q, *short, half_exp2_tiles=tiles, **opts))
+    assert cuda_sm90.half_exp2_tiles(64) == 0
+
+
+def test_half_exp2_constants_are_the_kernels():
+    """exp2_h2_ref's bias and polynomial, and cuda_sm90's column tiles, are those of
+    csrc/sm90/attn_int8_fp8.cu (exp2_h2, kH2ExpTiles)."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from sageattention import cuda_sm90  # noqa: PLC0415
+    from sageattention.reference import H2_EXP2_BIAS, H2_EXP2_POLY_BITS  # noqa: PLC0415
+
+    source = (Path(__file__).resolve().parents[2] / "csrc" / "sm90" / "attn_int8_fp8.cu").read_text()
+    assert f"constexpr float kH2ExpBias = {H2_EXP2_BIAS}f;" in source
+    c0, c1, c2 = (f"0x{b:04X}{b:04X}u" for b in H2_EXP2_POLY_BITS)
+    assert f'"r"(f), "r"({c2}), "r"({c1})' in source and f'"r"(q), "r"(f), "r"({c0})' in source
+    assert f"D == 128 && !kCausal ? 0x{cuda_sm90.HALF_EXP2_TILES_D128:04x}u : 0u" in source
