@@ -266,7 +266,7 @@ __device__ __forceinline__ uint32_t exp2_h2(float a0, float a1) {
 }
 
 // The column tiles (bit c: keys 8c..8c+7 of a block) whose unmasked scores take exp2_h2: 8 of a
-// thread's 64 exp2 a block off the MUFU pipe, for 24 more instructions in the key loop (445 against
+// thread's 64 exp2 a block off the MUFU pipe, for 27 more instructions in the key loop (445 against
 // 418). Which tiles decides ptxas's schedule of the loop more than the count does: of 33 sets of one to
 // four tiles, measured on two H200s in the call harness (bench/NOTES.md, run ab), tiles 7 and 11 in the
 // non-causal head-dim-128 kernels ran the attention 1.3-2.7% faster and the flushed call 0.7-2.0%
