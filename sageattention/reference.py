@@ -175,6 +175,7 @@ def quantize_qk_ref(
 #: kernel multiplies with (constant term first)
 H2_EXP2_BIAS = 11.0
 H2_EXP2_POLY_BITS = (0x1000, 0x0DA1, 0x07A1)
+_H2_EXP2_POLY = torch.tensor(H2_EXP2_POLY_BITS, dtype=torch.int16).view(torch.float16).tolist()
 
 
 def exp2_h2_ref(x: torch.Tensor) -> torch.Tensor:
@@ -186,7 +187,7 @@ def exp2_h2_ref(x: torch.Tensor) -> torch.Tensor:
     h = torch.clamp_min(x.float() + H2_EXP2_BIAS, 0).to(torch.float16).float()
     j = (h + 1536).to(torch.float16).float() - 1536  # exact: float16 holds integers to 2048
     f = h - j  # exact, |f| <= 1/2
-    c0, c1, c2 = torch.tensor(H2_EXP2_POLY_BITS, dtype=torch.int16).view(torch.float16).tolist()
+    c0, c1, c2 = _H2_EXP2_POLY
     p = (f * c2 + c1).to(torch.float16).float()  # one rounding, as fma.rn.f16x2
     p = (p * f + c0).to(torch.float16).float()
     return p * torch.exp2(j)

@@ -77,18 +77,17 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs));
 }
 
-// Four floats -> four FP8 e4m3 bytes (round to nearest even, saturating to +-448), x0 in the lowest
-// byte. cvt.*.e4m3x2 puts its first source in the upper byte.
-__device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, float x3) {
-  uint32_t r;
-  asm("{\n"
-      ".reg .b16 lo, hi;\n"
-      "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
-      "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
-      "mov.b32 %0, {lo, hi};\n"
-      "}\n"
-      : "=r"(r)
-      : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
+// Two values -> two FP8 e4m3 bytes (round to nearest even, saturating to +-448), x0 in the low byte:
+// from two floats, or (kF16x2) from the f16x2 held in x0's bits, its low half x0's value.
+// cvt.*.e4m3x2 puts its first source (an f16x2's high half) in the upper byte.
+template <bool kF16x2>
+__device__ __forceinline__ uint16_t e4m3x2_of(float x0, float x1) {
+  uint16_t r;
+  if constexpr (kF16x2) {
+    asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;" : "=h"(r) : "r"(__float_as_uint(x0)));
+  } else {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;" : "=h"(r) : "f"(x0), "f"(x1));
+  }
   return r;
 }
 

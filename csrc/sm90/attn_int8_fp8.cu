@@ -276,19 +276,6 @@ __device__ __forceinline__ uint32_t exp2_h2(float a0, float a1) {
 template <int D, bool kCausal>
 constexpr uint32_t kH2ExpTiles = D == 128 && !kCausal ? 0x0880u : 0u;
 
-// Two scores' 448 P as e4m3x2 (x0 in the low byte): from two floats, or (kH2) from exp2_h2's f16x2
-// held in x0's bits.
-template <bool kH2>
-__device__ __forceinline__ uint16_t e4m3x2_of(float x0, float x1) {
-  uint16_t r;
-  if constexpr (kH2) {
-    asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;" : "=h"(r) : "r"(__float_as_uint(x0)));
-  } else {
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %2, %1;" : "=h"(r) : "f"(x0), "f"(x1));
-  }
-  return r;
-}
-
 __device__ __forceinline__ float max2(float a, float b) { return fmaxf(a, b); }
 __device__ __forceinline__ int32_t max2(int32_t a, int32_t b) { return max(a, b); }
 
@@ -350,8 +337,8 @@ __device__ __forceinline__ void issue_pv(float (&pv)[(D + kSumRows) / 2], const 
 // the P·V wgmma, see issue_pv.) kMaxChains: row_max's chains. ptxas schedules the whole key loop
 // around them; two measured faster in the causal D = 128 kernels (1-2% at n = 2k ... 8k), four in
 // the others (two: 1% slower non-causal; bench/NOTES.md, run n). kH2, unmasked: the column tiles whose
-// pairs take exp2_h2 (kH2ExpTiles); x[j] then holds the pair's f16x2 bits and x[j + 1] nothing, and
-// pack_p_h2 packs them.
+// pairs take exp2_h2 (kH2ExpTiles); x[j] then holds the pair's f16x2 bits and x[j + 1] 0 (unread), and
+// pack_p<kH2> packs them.
 template <bool kMask, bool kBiasCvt, int kMaxChains, uint32_t kH2 = 0>
 __device__ __forceinline__ void softmax(const int32_t (&s)[kSRegs], const float (&scale)[2], const int (&limit)[2],
                                         float (&m_run)[2], float (&alpha)[2], float (&x)[kSRegs]) {
@@ -399,7 +386,7 @@ __device__ __forceinline__ void softmax(const int32_t (&s)[kSRegs], const float 
           const float v0 = kBiasCvt ? __int_as_float(s[j] + kCvtBiasBits) : static_cast<float>(s[j]);
           const float v1 = kBiasCvt ? __int_as_float(s[j + 1] + kCvtBiasBits) : static_cast<float>(s[j + 1]);
           x[j] = __uint_as_float(exp2_h2(fmaf(v0, scale[i], add_h2), fmaf(v1, scale[i], add_h2)));
-          x[j + 1] = 0.0f;
+          x[j + 1] = 0.0f;  // unread; without it ptxas schedules the kernel otherwise
           continue;
         }
       }
@@ -421,21 +408,10 @@ __device__ __forceinline__ void softmax(const int32_t (&s)[kSRegs], const float 
 
 // 448 P in e4m3, packed in the accumulator's order (Vᵀ's keys are permuted to match): for k step kk
 // (keys 32kk..32kk+31) a[0]/a[2] take row `group`'s values of column tiles 4kk, 4kk+1 / 4kk+2,
-// 4kk+3, a[1]/a[3] those of row group + 8.
+// 4kk+3, a[1]/a[3] those of row group + 8. The column tiles in kH2 hold exp2_h2's f16x2 in their pair's
+// first float (softmax) and are converted from f16x2.
+template <uint32_t kH2 = 0>
 __device__ __forceinline__ void pack_p(const float (&x)[kSRegs], uint32_t (&pa)[kPSteps][4]) {
-#pragma unroll
-  for (int kk = 0; kk < kPSteps; ++kk) {
-    const float* y = x + 16 * kk;
-    pa[kk][0] = pack_e4m3x4(y[0], y[1], y[4], y[5]);
-    pa[kk][1] = pack_e4m3x4(y[2], y[3], y[6], y[7]);
-    pa[kk][2] = pack_e4m3x4(y[8], y[9], y[12], y[13]);
-    pa[kk][3] = pack_e4m3x4(y[10], y[11], y[14], y[15]);
-  }
-}
-
-// pack_p with the column tiles in kH2 (exp2_h2's f16x2 in the pair's first float) converted from f16x2.
-template <uint32_t kH2>
-__device__ __forceinline__ void pack_p_h2(const float (&x)[kSRegs], uint32_t (&pa)[kPSteps][4]) {
 #pragma unroll
   for (int kk = 0; kk < kPSteps; ++kk) {
     const float* y = x + 16 * kk;
@@ -961,21 +937,12 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
           __syncwarp();
           if (lane == 0) mbar_arrive(&bar.q_empty[cw]);
         }
-        if constexpr (kH2ExpTiles<D, kCausal> == 0) {
-          if (masked) {
-            softmax<true, kBiasCvt, kMaxChains>(s, scale, limit, m_run, alpha, x);
-          } else {
-            softmax<false, kBiasCvt, kMaxChains>(s, scale, limit, m_run, alpha, x);
-          }
+        if (masked) {
+          softmax<true, kBiasCvt, kMaxChains>(s, scale, limit, m_run, alpha, x);
           pack_p(x, pa);
         } else {
-          if (masked) {
-            softmax<true, kBiasCvt, kMaxChains>(s, scale, limit, m_run, alpha, x);
-            pack_p(x, pa);
-          } else {
-            softmax<false, kBiasCvt, kMaxChains, kH2ExpTiles<D, kCausal>>(s, scale, limit, m_run, alpha, x);
-            pack_p_h2<kH2ExpTiles<D, kCausal>>(x, pa);
-          }
+          softmax<false, kBiasCvt, kMaxChains, kH2ExpTiles<D, kCausal>>(s, scale, limit, m_run, alpha, x);
+          pack_p<kH2ExpTiles<D, kCausal>>(x, pa);
         }
         SAGE_TRACE(blk, 3);
         mbar_wait(&bar.v_full[stage], parity);

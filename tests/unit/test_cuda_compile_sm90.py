@@ -425,7 +425,7 @@ def test_sass_whole_last_block_takes_the_unmasked_softmax(sm90_sass, source):
     for name, code in _kernels(sm90_sass, source).items():
         exp2 = exp2_count(code)
         softmaxes = 3 if re.search(r"kernelILi128ELb0E", name) else 2
-        assert softmaxes * 66 <= exp2 < (softmaxes + 1) * 64, f"{name}: {exp2} MUFU.EX2"
+        assert softmaxes * 66 <= exp2 < (softmaxes + 1) * 64, f"{name}: {exp2} exp2"
 
 
 @needs_nvcc
