@@ -1,16 +1,25 @@
-"""Build script for sageattention: CUDA extensions, the torch pin and the {torch}.{cuda} build tag.
+"""Build script for sageattention: the CUDA modules, the wheel's kind, torch requirement and tags.
 
-What to compile comes from build-matrix.yaml (arch rules and the extension table) through
+What to compile comes from build-matrix.yaml (arch rules, the extension table, the binding) through
 sagebuild.matrix; this file only turns that data into setuptools objects. The usual way to build a
 release wheel is ``python -m sagebuild build``, which prepares a clean environment and calls this.
+
+The compiled modules talk to Python through a plain C ABI (csrc/bindings.cpp, loaded with ctypes) and
+link the CUDA runtime statically: they depend on no torch and no Python version. torch is needed at
+build time only for its extension builder (nvcc through ninja), whose CUDA major version must match
+nvcc's.
 
 Environment variables:
   SAGEATTENTION_BUILD_CUDA  auto (default): compile when torch with CUDA and nvcc are present;
                             1: compile or fail; 0: pure-Python wheel (Triton / SDPA at run time).
+  SAGEATTENTION_WHEEL       abi3 (default): one wheel for every torch from the matrix's floor on and
+                            every CPython from its Python floor on (``cp310-abi3``), ``torch>=FLOOR``;
+                            pinned: the seeds' per-torch wheel (``torch==X``, the {torch}.{cuda} build
+                            tag, one Python).
   TORCH_CUDA_ARCH_LIST      archs to compile, e.g. "8.9;9.0a" (default: the package's default archs
                             that this nvcc can target).
   MAX_JOBS / NVCC_THREADS   parallel compile jobs / nvcc threads per job.
-  SAGEATTENTION_BUILD_TAG   wheel build tag to use instead of {torch}.{cuda} ("" for none).
+  SAGEATTENTION_BUILD_TAG   pinned wheels: build tag to use instead of {torch}.{cuda} ("" for none).
 """
 
 from __future__ import annotations
@@ -85,6 +94,30 @@ def requested_mode() -> str:
     return "auto"
 
 
+def requested_wheel() -> str:
+    value = os.environ.get("SAGEATTENTION_WHEEL", "abi3").strip().lower() or "abi3"
+    if value not in ("abi3", "pinned"):
+        stop(f"SAGEATTENTION_WHEEL={value!r}: use abi3 (one wheel for every torch) or pinned (torch==X)")
+    return value
+
+
+def cuda_runtime_link(cuda_home: str) -> tuple[list[str], list[str]]:
+    """(library dirs, libraries) that link CUDA_HOME's static CUDA runtime: the modules then need no
+    libcudart of torch's, nor any other shared library beyond the C/C++ runtime and the driver."""
+    home = Path(cuda_home)
+    for lib_dir in (
+        home / "lib64",
+        home / "lib",
+        home / "lib" / "x64",
+        home / "targets" / "x86_64-linux" / "lib",
+    ):
+        if (lib_dir / "libcudart_static.a").is_file() or (lib_dir / "cudart_static.lib").is_file():
+            extra = [] if os.name == "nt" else ["rt", "pthread", "dl"]
+            return [str(lib_dir)], ["cudart_static", *extra]
+    stop(f"no static CUDA runtime (libcudart_static.a / cudart_static.lib) under {cuda_home}")
+    return [], []
+
+
 def nvcc_version(cuda_home: str) -> tuple[str, str]:
     """(major.minor, full) of CUDA_HOME's nvcc."""
     exe = Path(cuda_home) / "bin" / ("nvcc.exe" if os.name == "nt" else "nvcc")
@@ -111,6 +144,9 @@ class BuildConfig:
         self.archs: tuple[str, ...] = ()
         self.plans: list[build_matrix.ExtensionPlan] = []
         self.build_tag: str | None = None
+        self.cuda_home: str | None = None
+        self.wheel = requested_wheel()
+        self.binding = self.package.binding
         self.requires = list(self.package.pure_requires)
         self._decide()
 
@@ -142,6 +178,7 @@ class BuildConfig:
                 )
             )
         self.cuda = True
+        self.cuda_home = CUDA_HOME
         self.torch = torch.__version__.split("+")[0]
         self.torch_cuda = torch.version.cuda
         nvcc_cuda, self.nvcc = nvcc_version(CUDA_HOME)
@@ -158,13 +195,19 @@ class BuildConfig:
             stop(str(exc))
         if dropped:
             note(f"CUDA {nvcc_cuda} cannot target {', '.join(dropped)}: left out")
-        tag = os.environ.get("SAGEATTENTION_BUILD_TAG")
-        self.build_tag = tags.build_tag(self.torch, self.torch_cuda) if tag is None else (tag or None)
-        self.requires = [f"torch=={self.torch}"]
+        if self.wheel == "pinned":
+            tag = os.environ.get("SAGEATTENTION_BUILD_TAG")
+            self.build_tag = tags.build_tag(self.torch, self.torch_cuda) if tag is None else (tag or None)
+            self.requires = [f"torch=={self.torch}"]
+            kind = f"pinned to torch=={self.torch}, build tag {self.build_tag or '(none)'}"
+        else:
+            abi3 = self.package.abi3
+            self.requires = [f"torch>={abi3['torch_floor']}"]
+            kind = f"abi3 ({tags.abi3_python_tag(abi3['python_floor'])}-abi3), torch>={abi3['torch_floor']}"
         self.plans = self.matrix.extension_plan(PACKAGE, self.archs, ROOT)
         note(
-            f"torch {torch.__version__}, nvcc {self.nvcc} ({CUDA_HOME}), archs {';'.join(self.archs)}, "
-            f"build tag {self.build_tag or '(none)'}"
+            f"torch {torch.__version__} (build tool only), nvcc {self.nvcc} ({CUDA_HOME}), archs "
+            f"{';'.join(self.archs)}, {self.binding} binding, wheel {kind}"
         )
         for plan in self.plans:
             if plan.skipped:
@@ -178,9 +221,11 @@ class BuildConfig:
             if self.cuda:
                 note("no extension has sources: the wheel holds the Python package only")
             return []
-        from torch.utils.cpp_extension import CUDAExtension  # noqa: PLC0415
+        from setuptools import Extension  # noqa: PLC0415
 
         flags = self.package.build
+        library_dirs, libraries = cuda_runtime_link(self.cuda_home)
+        cuda_include = str(Path(self.cuda_home) / "include")
         threads = os.environ.get("NVCC_THREADS", "").strip()
         cxx = list(flags.get("msvc_flags" if os.name == "nt" else "cxx_flags", []))
         modules = []
@@ -191,13 +236,21 @@ class BuildConfig:
                 nvcc += ["--threads", threads]
             if os.name == "nt":
                 nvcc += ["-Xcompiler", "/Zc:__cplusplus"]
+            # A plain extension, not torch's CUDAExtension: that one links libtorch, libc10 and torch's
+            # libcudart into the module, which is what ties a wheel to one torch.
             modules.append(
-                CUDAExtension(
+                Extension(
                     name=plan.name,
                     sources=list(plan.sources),
-                    include_dirs=[str(ROOT / d) for d in flags.get("include_dirs", [])],
-                    define_macros=[(k, v) for k, v in plan.define.items()],
+                    include_dirs=[*(str(ROOT / d) for d in flags.get("include_dirs", [])), cuda_include],
+                    # py_limited_api: torch's extension builder compiles with Py_LIMITED_API set to its
+                    # oldest CPython (3.10 from torch 2.9 on: the matrix's python_floor); `sagebuild
+                    # verify` checks the modules against it with abi3audit.
+                    define_macros=list(plan.define.items()),
                     extra_compile_args={"cxx": cxx, "nvcc": nvcc},
+                    library_dirs=library_dirs,
+                    libraries=libraries,
+                    py_limited_api=True,
                 )
             )
         return modules
@@ -212,6 +265,10 @@ class BuildConfig:
             "nvcc": self.nvcc,
             "archs": list(self.archs),
             "build_tag": self.build_tag,
+            "wheel_kind": self.wheel if self.cuda else "pure",
+            "binding": self.binding if self.cuda else None,
+            "cuda_line": self.torch_cuda.split(".")[0] if self.cuda else None,
+            "torch_floor": self.package.abi3["torch_floor"] if self.cuda and self.wheel == "abi3" else None,
             "extensions": {p.name: list(p.archs) for p in self.plans if not p.skipped},
             "skipped": {p.name: p.skipped for p in self.plans if p.skipped},
         }
@@ -243,9 +300,12 @@ class build_py_with_info(build_py):
 
 
 class bdist_wheel_tagged(bdist_wheel):
-    """Adds the {torch}.{cuda} build tag unless one was given (--build-number)."""
+    """An abi3 wheel's ``cp310-abi3`` tag, or a pinned wheel's {torch}.{cuda} build tag unless one was
+    given (--build-number)."""
 
     def finalize_options(self) -> None:
+        if CONFIG.cuda and CONFIG.wheel == "abi3" and not self.py_limited_api:
+            self.py_limited_api = tags.abi3_python_tag(CONFIG.package.abi3["python_floor"])
         if self.build_number is None and CONFIG.build_tag:
             self.build_number = CONFIG.build_tag
         super().finalize_options()

@@ -7,9 +7,18 @@ tells which one runs here and why.
 
 from __future__ import annotations
 
+import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from .core import (
+from . import _native
+
+# A wheel of one CUDA line beside a torch of another is refused here, with what to install instead;
+# `python -m sageattention env` still runs, to show both.
+_CUDA_LINE_PROBLEM = _native.cuda_line_problem()
+if _CUDA_LINE_PROBLEM is not None and getattr(sys, "orig_argv", [])[1:3] != ["-m", "sageattention"]:
+    raise ImportError(_CUDA_LINE_PROBLEM)
+
+from .core import (  # noqa: E402 - after the CUDA-line check, which must come first
     sageattn,
     sageattn_qk_int8_pv_fp8_cuda,
     sageattn_qk_int8_pv_fp8_cuda_sm90,
@@ -18,7 +27,7 @@ from .core import (
     sageattn_qk_int8_pv_fp16_triton,
     sageattn_varlen,
 )
-from .dispatch import SageAttentionFallbackWarning
+from .dispatch import SageAttentionFallbackWarning  # noqa: E402
 
 try:
     __version__ = version("sageattention")

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from . import __version__, dispatch, ops
+from . import __version__, _native, dispatch, ops
 
 
 def _triton_info() -> dict:
@@ -36,11 +36,26 @@ def _extensions_info() -> dict:
         info[name] = {
             "arch_family": family,
             "present": module is not None,
-            "path": getattr(module, "__file__", None),
+            "path": getattr(module, "path", None),
             "archs": built_archs.get(f"sageattention.{name}", []),
             "reason": reason,
         }
     return info
+
+
+def _wheel_info() -> dict:
+    """Which build is installed (its record), and whether it fits the installed torch."""
+    record = ops.build_info()
+    problem = _native.cuda_line_problem(record)
+    return {
+        "kind": record.get("wheel_kind", "source tree" if not record else "per-torch"),
+        "cuda_line": record.get("cuda_line"),
+        "nvcc": record.get("nvcc"),
+        "torch_floor": record.get("torch_floor"),
+        "built_with_torch": record.get("torch"),
+        "fits": problem is None,
+        "problem": problem,
+    }
 
 
 def _devices() -> list:
@@ -80,6 +95,7 @@ def collect() -> dict:
             "importable": ops.triton_module() is not None,
             "reason": ops.triton_unavailable_reason(),
         },
+        "wheel": _wheel_info(),
         "compiled_extensions": _extensions_info(),
         "devices": devices,
         # What sageattn does with bf16, head_dim 128 on the default device (the first GPU, else the CPU).
@@ -96,6 +112,15 @@ def _text(info: dict) -> str:
         f"torch             {t['version']} (CUDA {t['cuda']}, HIP {t['hip']})",
         f"torch archs       {' '.join(t['arch_list']) or '-'}",
     ]
+    wheel = info["wheel"]
+    built = (
+        f"CUDA {wheel['cuda_line']}.x line (nvcc {wheel['nvcc']})"
+        if wheel["cuda_line"]
+        else "no CUDA modules"
+    )
+    floor = f", torch >= {wheel['torch_floor']}" if wheel["torch_floor"] else ""
+    fits = "fits the installed torch" if wheel["fits"] else f"DOES NOT FIT: {wheel['problem']}"
+    lines.append(f"wheel             {wheel['kind']}, {built}{floor}; {fits}")
     tri = info["triton"]
     lines.append(f"triton            {tri['version'] or 'missing: ' + tri['reason']}")
     kern = info["triton_kernels"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from . import cuda_common
+from . import cuda_common, cuda_ops
 from .quant import INT8_MAX, LOG2E
 
 __all__ = ["attention_sm80", "KEY_BLOCK", "PV_ACCUMS"]
@@ -34,12 +34,13 @@ def quantize_qk(q, k, *, sm_scale: float, smooth_k: bool, return_lse: bool, resi
     corr or None); kr is K's second digit when ``residual``."""
     hq, hkv, head_dim = q.shape[1], k.shape[1], q.shape[-1]
     d_pad = cuda_common.d_pad(head_dim)
-    ops = torch.ops.sageattention
     km = k.mean(dim=2, dtype=torch.float32) if smooth_k else None
     with_corr = return_lse and smooth_k
     scale_mul = sm_scale * LOG2E / INT8_MAX
-    qq, q_scale, corr = ops.quant_q_per_token(q, km, sm_scale, scale_mul, d_pad, hq // hkv, with_corr)
-    quantized_k = ops.quant_k_per_block(k, km, KEY_BLOCK, d_pad, residual)
+    qq, q_scale, corr = cuda_ops.call(
+        "quant_q_per_token", q, km, sm_scale, scale_mul, d_pad, hq // hkv, with_corr
+    )
+    quantized_k = cuda_ops.call("quant_k_per_block", k, km, KEY_BLOCK, d_pad, residual)
     kq, k_scale = quantized_k[0], quantized_k[1]
     kr = quantized_k[2] if residual else None
     return qq, q_scale, kq, k_scale, kr, (corr if with_corr else None)
@@ -61,7 +62,19 @@ def attention_sm80(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool,
     )
     vh = v if v.dtype == torch.float16 else v.to(torch.float16)
     out_nhd = q.stride(1) < q.stride(2)  # NHD memory in, NHD memory out
-    out, lse = torch.ops.sageattention.qk_int8_sv_f16_attn(
-        qq, kq, vh, q_scale, k_scale, corr, is_causal, return_lse, q.dtype, out_nhd, pv_accum, kr
+    out, lse = cuda_ops.call(
+        "qk_int8_sv_f16_attn",
+        qq,
+        kq,
+        vh,
+        q_scale,
+        k_scale,
+        corr,
+        is_causal,
+        return_lse,
+        q.dtype,
+        out_nhd,
+        pv_accum,
+        kr,
     )
     return out, (lse if return_lse else None)

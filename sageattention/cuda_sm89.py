@@ -23,8 +23,7 @@ import math
 
 import torch
 
-from . import cuda_common
-from . import ops as _ops
+from . import cuda_common, cuda_ops
 from .cuda_sm80 import quantize_qk
 from .quant import FP8_E4M3_MAX
 
@@ -47,8 +46,7 @@ FP16_ACCUM_V_HEADROOM = 256.0
 def fp16_accum_available() -> bool:
     """Whether the built kernels include "fp32+fp16" (the FP16-accumulating FP8 MMA needs CUDA >= 12.8
     at build time). False when the extension is not built."""
-    module, _ = _ops.extension_status("sm89")
-    return bool(getattr(module, "FP8_MMA_F16_ACCUM", 0)) if module is not None else False
+    return cuda_ops.fp16_accum_built()
 
 
 def attention_sm89(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool, return_lse: bool,
@@ -67,7 +65,6 @@ def attention_sm89(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool,
             "pv_accum='fp32+fp16' is not available: sageattention._qattn_sm89 was built with a CUDA older "
             "than 12.8, which lacks the FP16-accumulating FP8 MMA; use 'fp32+fp32'"
         )
-    ops = torch.ops.sageattention
     qq, q_scale, kq, k_scale, _, corr = quantize_qk(
         q, k, sm_scale=sm_scale, smooth_k=smooth_k, return_lse=return_lse, residual=False
     )
@@ -75,10 +72,11 @@ def attention_sm89(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool,
     if pv_accum == "fp32+fp16":
         vmax = vmax * FP16_ACCUM_V_HEADROOM
     n_pad = -(-k.shape[2] // KEY_GROUP) * KEY_GROUP
-    vt = ops.quant_v_fp8(v, vmax, cuda_common.d_pad(q.shape[-1]), n_pad, True)
+    vt = cuda_ops.call("quant_v_fp8", v, vmax, cuda_common.d_pad(q.shape[-1]), n_pad, True)
     v_scale = vmax * (1.0 / FP8_E4M3_MAX)
     out_nhd = q.stride(1) < q.stride(2)  # NHD memory in, NHD memory out
-    out, lse = ops.qk_int8_sv_f8_attn_sm89(
-        qq, kq, vt, q_scale, k_scale, v_scale, corr, is_causal, return_lse, q.dtype, out_nhd, pv_accum
-    )
+    out, lse = cuda_ops.call(
+        "qk_int8_sv_f8_attn_sm89", qq, kq, vt, q_scale, k_scale, v_scale, corr, is_causal, return_lse,
+        q.dtype, out_nhd, pv_accum,
+    )  # fmt: skip
     return out, (lse if return_lse else None)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from . import cuda_common
+from . import cuda_common, cuda_ops
 from .quant import INT8_MAX, LOG2E
 
 __all__ = ["attention_sm90", "half_exp2_tiles", "key_parts", "KEY_BLOCK"]
@@ -57,8 +57,8 @@ def attention_sm90(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool,
     d_pad = cuda_common.d_pad(q.shape[-1])
     # The LSE correction (return_lse and smooth_k), K's scales per KEY_BLOCK keys and Vᵀ's key padding
     # (a multiple of 16) are the op's own (csrc/bindings.cpp, attn_sm90).
-    out, lse = torch.ops.sageattention.attn_sm90(
-        q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, return_lse, out_nhd
+    out, lse = cuda_ops.call(
+        "attn_sm90", q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, return_lse, out_nhd
     )
     return out, (lse if return_lse else None)
 
@@ -81,8 +81,7 @@ def key_parts(batch: int, heads_q: int, nq: int, nk: int, head_dim: int, is_caus
     cuda_common.load_extensions("sm90")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     d_pad = cuda_common.d_pad(head_dim)
-    plan = torch.ops.sageattention.sm90_split_plan
-    first, parts, rows = plan(batch, heads_q, nq, nk, d_pad, is_causal, sms)
+    first, parts, rows = cuda_ops.call("sm90_split_plan", batch, heads_q, nq, nk, d_pad, is_causal, sms)
     if parts == 1:
         return None
     tiles_per_head = -(-nq // rows)

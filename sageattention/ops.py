@@ -7,8 +7,9 @@
   ``torch.compile(fullgraph=True)`` traces them without a graph break. In eager mode they are called
   directly: a custom-op call costs tens of microseconds of Python, which is measurable at short
   sequence lengths.
-* Compiled CUDA extensions (``sageattention._qattn_sm80/_sm89/_sm90``): looked up with importlib;
-  the reason they are missing is kept. The wheel's record of the archs each one holds code for
+* Compiled CUDA extensions (``sageattention._qattn_sm80/_sm89/_sm90``): loaded through ``_native``
+  (a plain C ABI, no libtorch), their ops defined by ``cuda_ops``; the reason one is missing is kept.
+  The wheel's record of the archs each one holds code for
   (``_build_info.json``) tells whether it runs on a given GPU (one without code is passed over).
 * torch SDPA: the fallback, with SageAttention's semantics (layouts, GQA, masks together with
   ``is_causal``, fully masked rows give 0, LSE on request).
@@ -18,9 +19,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-import json
 import math
-import os
 import re
 import warnings
 from types import ModuleType
@@ -28,6 +27,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
+from . import _native, cuda_ops
 from .quant import PVDtype
 
 #: The compiled extensions, by the arch family their kernels were written for.
@@ -43,8 +43,6 @@ _LSE_BLOCK_ELEMENTS = 1 << 26
 _PV_BY_VALUE = {member.value: member for member in PVDtype}
 
 _triton: list = []  # [module or None, reason or None], filled on first use
-_extensions: dict[str, tuple[ModuleType | None, str | None]] = {}
-_build_record: list = []  # [dict], filled on first use
 
 
 # --------------------------------------------------------------------------------------------------
@@ -69,33 +67,23 @@ def triton_unavailable_reason() -> str | None:
     return None
 
 
-def _import_extension(module: str) -> tuple[ModuleType | None, str | None]:
-    """(module, None) when ``sageattention.<module>`` imports, else (None, why not); once."""
-    if module not in _extensions:
-        try:
-            _extensions[module] = (importlib.import_module(f"sageattention.{module}"), None)
-        except ImportError as exc:  # not built for this installation, or built against another torch
-            _extensions[module] = (None, f"{type(exc).__name__}: {exc}")
-    return _extensions[module]
+def _import_extension(module: str) -> tuple[_native.Library | None, str | None]:
+    """(the module's functions, None) when ``sageattention.<module>`` loads and its ops are defined, else
+    (None, why not); once (cuda_ops.register)."""
+    if cuda_ops.register(module):
+        return _native.load(module)[0], None
+    return None, cuda_ops.unavailable_reason(module)
 
 
-def extension_status(arch: str) -> tuple[ModuleType | None, str | None]:
-    """(module, None) when ``sageattention._qattn_<arch>`` imports, else (None, why not)."""
+def extension_status(arch: str) -> tuple[_native.Library | None, str | None]:
+    """(module, None) when ``sageattention._qattn_<arch>`` loads, else (None, why not)."""
     return _import_extension(COMPILED_EXTENSIONS[arch])
 
 
 def build_info() -> dict:
-    """What the build compiled, for which archs (``_build_info.json``, written into the wheel by
-    setup.py): ``{"extensions": {"sageattention._qattn_sm89": ["8.9", ...], ...}, ...}``; {} where the
-    installation has no such record (a source tree)."""
-    if not _build_record:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_build_info.json")
-        try:
-            with open(path, encoding="utf-8") as f:
-                _build_record.append(json.load(f))
-        except (OSError, ValueError):
-            _build_record.append({})
-    return _build_record[0]
+    """What the build compiled, for which archs (``_native.build_info``, the wheel's
+    ``_build_info.json``)."""
+    return _native.build_info()
 
 
 @functools.cache  # a handful of (arch, GPU) pairs; asked on every quantization_backend="cuda" call

@@ -316,9 +316,15 @@ def auto_target(
     torch: str | None = None,
     cuda: str | None = None,
     python: str | None = None,
+    wheel: str | None = None,
 ) -> Target | None:
     """Fill in what was not given from this machine: the Python running sagebuild (or --python-exe), the
-    local nvcc's CUDA, and the newest PyTorch that ships it. None when there is no nvcc to build with."""
+    local nvcc's CUDA, and the newest PyTorch that ships it. None when there is no nvcc to build with.
+
+    ``wheel``: "abi3" (the torch-independent wheel; the default for a package with an abi3 entry unless
+    a torch is named) or "pinned" (torch==X, the package's own naming)."""
+    if wheel is None:
+        wheel = "abi3" if matrix.package(package).abi3 is not None and torch is None else "pinned"
     platform = envs.current_platform()
     if platform is None:
         raise SagebuildError(
@@ -352,7 +358,9 @@ def auto_target(
                 f"no PyTorch release in build-matrix.yaml ships CUDA {cuda} for Python {python}; "
                 "give --torch/--cuda/--python explicitly"
             )
-    return matrix.make_target(package, platform, torch, cuda, python, archs)
+    return matrix.make_target(
+        package, platform, torch, cuda, python, archs, "abi3" if wheel == "abi3" else None
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -580,6 +588,8 @@ def compile_wheel(
     if epoch is None:
         epoch = source_date_epoch(REPO_ROOT)[0]
     extra = {"SAGEATTENTION_BUILD_CUDA": "1" if target else "0", "SOURCE_DATE_EPOCH": str(epoch)}
+    if target is not None and package.abi3 is not None:
+        extra["SAGEATTENTION_WHEEL"] = "abi3" if target.naming == "abi3" else "pinned"
     if target:
         jobs, threads = envs.default_parallelism(len(target.archs))
         extra.update(

@@ -95,8 +95,9 @@ def _targets_for_build(args: argparse.Namespace, matrix: Matrix) -> list[Target 
         target = matrix.find_target(args.target)
         if args.archs:
             target = matrix.make_target(
-                target.package, target.platform, target.torch, target.cuda, target.python, args.archs
-            )
+                target.package, target.platform, target.torch, target.cuda, target.python, args.archs,
+                target.naming,
+            )  # fmt: skip
         return [target]
     if args.profile:
         platform = envs.current_platform()
@@ -114,6 +115,7 @@ def _targets_for_build(args: argparse.Namespace, matrix: Matrix) -> list[Target 
         torch=args.torch,
         cuda=args.cuda,
         python=args.python,
+        wheel=args.wheel,
     )
     if target is None:
         print(
@@ -280,6 +282,12 @@ def make_parser() -> argparse.ArgumentParser:
     build.add_argument("--python", help="Python version, e.g. 3.12")
     build.add_argument("--package", default="sageattention", choices=["sageattention", "sageattn3"])
     build.add_argument("--archs", help='arch list, e.g. "9.0a" or "8.9;9.0a" (default: the package defaults)')
+    build.add_argument(
+        "--wheel",
+        choices=["abi3", "pinned"],
+        help="without --target/--profile: abi3 (one wheel for every torch; the default without --torch) or "
+        "pinned (torch==X and the {torch}.{cuda} build tag; the default with --torch)",
+    )
     build.add_argument(
         "--cpu", action="store_true", help="pure-Python wheel (also SAGEATTENTION_BUILD_CUDA=0)"
     )

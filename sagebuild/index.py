@@ -103,10 +103,17 @@ def build_index(wheel_dir: Path, out_dir: Path, matrix: Matrix, copy: bool = Fal
         variant, pure = None, False
         try:
             name = tags.parse_wheel_name(
-                path.name, matrix.torch, matrix.cuda, matrix.wheel_platforms(), matrix.naming()
+                path.name,
+                matrix.torch,
+                matrix.cuda,
+                matrix.wheel_platforms(),
+                matrix.naming(),
+                matrix.abi3_entries(),
             )
             pure = name.kind == "pure"
-            if not pure:
+            if name.kind == "abi3":  # one index path per CUDA line: cu12/, cu13/
+                variant = f"cu{name.cuda}"
+            elif not pure:
                 variant = variant_name(name.torch, name.cuda)
         except (TagError, MatrixError) as exc:
             print(f"note: {path.name} goes into the flat index only ({exc})", file=sys.stderr)

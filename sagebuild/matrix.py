@@ -19,6 +19,8 @@ from .errors import MatrixError, TagError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MATRIX_FILE = "build-matrix.yaml"
+#: How a package's compiled modules meet the framework (build-matrix.yaml, packages.*.binding).
+BINDINGS = ("c-abi", "torch-cpp")
 
 _ARCH_RE = re.compile(r"^(?P<major>\d{1,2})\.(?P<minor>\d)(?P<suffix>[af]?)$")
 _SM_RE = re.compile(r"^sm_(?P<number>\d{2,3})(?P<suffix>[af]?)$")
@@ -214,6 +216,13 @@ class Package:
     optional_archs: tuple[str, ...]
     build: dict[str, Any]
     extensions: tuple[Extension, ...]
+    binding: str = "torch-cpp"
+    abi3: dict[str, str] | None = None  # torch_floor, python_floor, default_line (c-abi packages)
+
+    @property
+    def torch_independent(self) -> bool:
+        """Whether its compiled modules serve every torch (their binding imports nothing of libtorch)."""
+        return self.binding == "c-abi"
 
     @property
     def all_archs(self) -> tuple[str, ...]:
@@ -252,6 +261,9 @@ class Target:
     wheel_platform: str
     default_archs: bool = True
     dropped_archs: tuple[str, ...] = ()
+    abi3_python: str | None = None  # abi3 wheels: the cpXY of the tag
+    abi3_local: str | None = None  # abi3 wheels: the local version of a CUDA line other than the default
+    torch_floor: str | None = None  # abi3 wheels: METADATA's torch>=
 
     @property
     def torch_id(self) -> str:
@@ -260,6 +272,12 @@ class Target:
 
     @property
     def id(self) -> str:
+        if self.naming == "abi3":
+            python = self.python.replace(".", "")
+            base = f"{self.platform}-{self.package}-abi3-{tags.cuda_tag(self.cuda)}-python{python}"
+            if not self.default_archs:
+                base += "".join("-" + Arch.parse(a).sm.replace("_", "") for a in self.archs)
+            return base
         base = (
             f"{self.platform}-{self.package}-pytorch{self.torch_id}-{tags.cuda_tag(self.cuda)}"
             f"-python{self.python.replace('.', '')}"
@@ -274,6 +292,8 @@ class Target:
 
     @property
     def local_version(self) -> str | None:
+        if self.naming == "abi3":
+            return self.abi3_local
         return tags.local_version(self.torch, self.cuda) if self.naming == "local-version" else None
 
     @property
@@ -282,6 +302,8 @@ class Target:
 
     @property
     def wheel_tag(self) -> str:
+        if self.naming == "abi3":
+            return f"{self.abi3_python}-abi3-{self.wheel_platform}"
         return f"{self.python_tag}-{self.python_tag}-{self.wheel_platform}"
 
     @property
@@ -313,6 +335,7 @@ class Target:
             "local_version": self.local_version or "",
             "wheel_tag": self.wheel_tag,
             "wheel": self.wheel_name,
+            "wheel_kind": "abi3" if self.naming == "abi3" else "pinned",
         }
         if runner is not None:
             data["runner"] = runner
@@ -493,6 +516,20 @@ class Matrix:
             naming = spec.get("naming")
             if naming not in ("build-tag", "local-version"):
                 errors.append(f"package {name}: naming must be build-tag or local-version, not {naming!r}")
+            binding = str(spec.get("binding", "torch-cpp"))
+            if binding not in BINDINGS:
+                errors.append(f"package {name}: binding must be one of {_join(BINDINGS)}, not {binding!r}")
+            abi3 = spec.get("abi3")
+            if abi3 is not None:
+                abi3 = {str(k): str(v) for k, v in abi3.items()}
+                missing = [k for k in ("torch_floor", "python_floor", "default_line") if k not in abi3]
+                if missing:
+                    errors.append(f"package {name}: abi3 needs {', '.join(missing)}")
+                if binding != "c-abi":
+                    errors.append(
+                        f"package {name}: abi3 wheels need binding c-abi "
+                        f"(a {binding} module serves one torch)"
+                    )
             try:
                 default = sort_archs(_listify(archs.get("default")))
                 optional = sort_archs(_listify(archs.get("optional")))
@@ -511,6 +548,8 @@ class Matrix:
                 optional_archs=tuple(optional),
                 build=dict(spec.get("build") or {}),
                 extensions=tuple(extensions),
+                binding=binding,
+                abi3=abi3,
             )
         return out
 
@@ -650,6 +689,14 @@ class Matrix:
     def naming(self) -> dict[str, str]:
         return {p.name: p.naming for p in self.packages.values()}
 
+    def abi3_entries(self) -> dict[str, dict]:
+        """The abi3 entry of each package that has torch-independent wheels."""
+        return {p.name: dict(p.abi3) for p in self.packages.values() if p.abi3 is not None}
+
+    def cuda_of_line(self, line: str) -> list[str]:
+        """The CUDA versions of a line ("13" -> ["13.0", "13.1"])."""
+        return [c for c in self.cuda if tags.cuda_line(c) == str(line)]
+
     # -- arch rules ---------------------------------------------------------------------------------------
 
     def min_cuda_for(self, arch: str) -> str | None:
@@ -779,10 +826,25 @@ class Matrix:
         cuda: str,
         python: str,
         archs: str | Sequence[str] | None = None,
+        naming: str | None = None,
     ) -> Target:
+        """One wheel to build. ``naming``: the package's own (None), or "abi3" for the torch-independent
+        wheel of a package with an abi3 entry."""
         self.check_combo(package, platform, torch, cuda, python)
         chosen, dropped, is_default = self.resolve_archs(package, cuda, archs)
         pkg = self.packages[package]
+        abi3 = {}
+        if naming == "abi3":
+            if pkg.abi3 is None:
+                raise MatrixError(f"package {package} has no abi3 entry: its wheels are built per torch")
+            line = tags.cuda_line(cuda)
+            abi3 = {
+                "abi3_python": tags.abi3_python_tag(pkg.abi3["python_floor"]),
+                "abi3_local": None if line == pkg.abi3["default_line"] else tags.cuda_line_tag(cuda),
+                "torch_floor": pkg.abi3["torch_floor"],
+            }
+        elif naming not in (None, pkg.naming):
+            raise MatrixError(f"naming {naming!r}: {package} wheels are named {pkg.naming} or abi3")
         return Target(
             package=package,
             platform=platform,
@@ -791,10 +853,11 @@ class Matrix:
             python=python,
             archs=chosen,
             version=self.package_version(package),
-            naming=pkg.naming,
+            naming=naming or pkg.naming,
             wheel_platform=self.platforms[platform].wheel_platform,
             default_archs=is_default,
             dropped_archs=dropped,
+            **abi3,
         )
 
     def set_combos(self, name: str) -> list[tuple[str, str, str]]:
@@ -847,11 +910,14 @@ class Matrix:
         if platform is not None:
             self.platform(platform)
             platforms = [p for p in platforms if p == platform]
+        naming = self.sets[profile.set].get("wheel")
         targets = []
         for plat in platforms:
             for torch, cuda, python in combos:
                 targets.append(
-                    self.make_target(set_package, plat, torch, cuda, python, list(profile.archs) or None)
+                    self.make_target(
+                        set_package, plat, torch, cuda, python, list(profile.archs) or None, naming
+                    )
                 )
         return targets
 

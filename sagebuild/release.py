@@ -113,7 +113,14 @@ def check_release(
     for path in report.wheels:
         name = path.name
         try:
-            tags.parse_wheel_name(name, matrix.torch, matrix.cuda, matrix.wheel_platforms(), matrix.naming())
+            tags.parse_wheel_name(
+                name,
+                matrix.torch,
+                matrix.cuda,
+                matrix.wheel_platforms(),
+                matrix.naming(),
+                matrix.abi3_entries(),
+            )
         except TagError as exc:
             report.problems.append(str(exc))
             continue

@@ -63,6 +63,22 @@ def local_version(torch: str, cuda: str) -> str:
     return f"{cuda_tag(cuda)}torch{torch}"
 
 
+def cuda_line(cuda: str) -> str:
+    """CUDA 12.8 -> ``12``: the line an abi3 wheel serves (its runtime is linked statically, and one
+    driver of the line runs every minor version's code)."""
+    return str(release_parts(cuda, 2)[0])
+
+
+def cuda_line_tag(cuda: str) -> str:
+    """CUDA 12.8 -> ``cu12``: the local version of an abi3 wheel of a line other than the default."""
+    return f"cu{cuda_line(cuda)}"
+
+
+def abi3_python_tag(python_floor: str) -> str:
+    """Python 3.9 -> ``cp39``: the first tag of an abi3 wheel (every CPython from it on takes the wheel)."""
+    return python_tag(python_floor)
+
+
 def python_tag(python: str) -> str:
     """Python 3.12 -> ``cp312``."""
     major, minor = release_parts(python, 2)
@@ -150,6 +166,50 @@ def decode_local_version(
     return torch, decode_cuda_digits(match.group("cuda"), known_cuda)
 
 
+def _parse_abi3(
+    filename, project, version, build_text, interpreters, platforms, wheel_platforms, spec, known_cuda
+):
+    if spec is None:
+        raise TagError(
+            f"{filename}: {project} has no abi3 wheels (build-matrix.yaml has no abi3 entry for it)"
+        )
+    want = abi3_python_tag(spec["python_floor"])
+    if interpreters != {want}:
+        raise TagError(
+            f"{filename}: an abi3 wheel of {project} is tagged {want}-abi3, not {'.'.join(interpreters)}"
+        )
+    if build_text:
+        raise TagError(
+            f"{filename}: an abi3 wheel serves every torch and carries no {{torch}}.{{cuda}} build tag"
+        )
+    platform_names = {platform_of_tag(p, wheel_platforms) for p in platforms}
+    if None in platform_names or len(platform_names) != 1:
+        raise TagError(f"{filename}: platform tag {'.'.join(sorted(platforms))} is not one of ours")
+    lines = sorted({cuda_line(c) for c in known_cuda}, key=int)
+    local = version.local
+    if local is None:
+        line = spec["default_line"]
+    else:
+        match = re.fullmatch(r"cu(\d+)", local)
+        if not match:
+            raise TagError(
+                f"{filename}: an abi3 wheel's local version is its CUDA line, cu12 or cu13, not +{local}"
+            )
+        line = match.group(1)
+        if line == spec["default_line"]:
+            raise TagError(
+                f"{filename}: CUDA {line} is the default line, "
+                f"whose wheels carry no local version (+cu{line})"
+            )
+    if line not in lines:
+        raise TagError(
+            f"{filename}: CUDA line {line} is not in build-matrix.yaml (lines: {', '.join(lines)})"
+        )
+    (platform,) = platform_names
+    return WheelName(filename, project, str(version), "abi3", None, want, "abi3", ".".join(sorted(platforms)),
+                     platform, None, line, decode_python_tag(want))  # fmt: skip
+
+
 def platform_of_tag(tag: str, wheel_platforms: dict[str, str]) -> str | None:
     """Which of our platforms a wheel platform tag belongs to (``manylinux_2_28_x86_64`` -> linux)."""
     for name, wheel_platform in wheel_platforms.items():
@@ -167,15 +227,15 @@ class WheelName:
     filename: str
     project: str  # canonical project name
     version: str  # full version, local part included
-    kind: str  # "build-tag", "local-version" or "pure"
+    kind: str  # "build-tag", "local-version", "abi3" or "pure"
     build: str | None
     python_tag: str
     abi_tag: str
     platform_tag: str
     platform: str | None  # linux / windows / None for pure wheels
-    torch: str | None
-    cuda: str | None
-    python: str | None
+    torch: str | None  # None for abi3 wheels: they serve every torch from their floor on
+    cuda: str | None  # abi3 wheels: the CUDA line ("13")
+    python: str | None  # abi3 wheels: the oldest Python that takes them
 
     @property
     def public_version(self) -> str:
@@ -188,11 +248,14 @@ def parse_wheel_name(
     known_cuda: Iterable[str],
     wheel_platforms: dict[str, str],
     naming: dict[str, str] | None = None,
+    abi3: dict[str, dict] | None = None,
 ) -> WheelName:
     """Decode a wheel file name of ours, rejecting malformed and ambiguous ones with the reason.
 
     ``naming`` maps canonical project names to "build-tag" or "local-version"; other projects are
-    rejected.
+    rejected. ``abi3`` maps the projects that have torch-independent wheels to their abi3 entry
+    (python_floor, default_line): such a wheel is ``cpXY-abi3``, its CUDA line the local version
+    ``+cuNN`` or, for the default line, none.
     """
     known_torch = list(known_torch)
     known_cuda = list(known_cuda)
@@ -233,6 +296,10 @@ def parse_wheel_name(
             None,
             None,
         )
+
+    if abis == {"abi3"}:
+        return _parse_abi3(filename, project, version, build_text, interpreters, platforms, wheel_platforms,
+                           (abi3 or {}).get(project), known_cuda)  # fmt: skip
 
     if len(interpreters) != 1 or len(abis) != 1:
         raise TagError(

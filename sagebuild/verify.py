@@ -385,7 +385,12 @@ def _verify(path: Path, matrix: Matrix, options: VerifyOptions, report: Report) 
     # 1. the name
     try:
         name = tags.parse_wheel_name(
-            path.name, matrix.torch, matrix.cuda, matrix.wheel_platforms(), matrix.naming()
+            path.name,
+            matrix.torch,
+            matrix.cuda,
+            matrix.wheel_platforms(),
+            matrix.naming(),
+            matrix.abi3_entries(),
         )
     except TagError as exc:
         report.fail(f"file name: {exc}")
@@ -399,7 +404,20 @@ def _verify(path: Path, matrix: Matrix, options: VerifyOptions, report: Report) 
         report.ok(f"CUDA version tag: {cuda_digits} ({name.cuda})")
     elif name.kind == "local-version":
         report.ok(f"local version: +{Version(name.version).local} (PyTorch {name.torch}, CUDA {name.cuda})")
-    if name.python:
+    if name.kind == "abi3":
+        local = Version(name.version).local
+        report.ok(
+            f"abi3 wheel: CUDA {name.cuda}.x line "
+            f"({'+' + local if local else 'the default line, no local version'}), "
+            f"every torch >= {package.abi3['torch_floor']}, CPython >= {name.python}"
+        )
+        report.ok(f"platform: {name.platform_tag} ({name.platform})")
+        report.expect(
+            bool(matrix.cuda_of_line(name.cuda)),
+            f"CUDA line {name.cuda}: toolkits {', '.join(matrix.cuda_of_line(name.cuda))}",
+            f"CUDA line {name.cuda}: no toolkit of it in build-matrix.yaml",
+        )
+    elif name.python:
         report.ok(f"Python version: {name.python_tag[2:]} ({name.python})")
         report.ok(f"platform: {name.platform_tag} ({name.platform})")
         try:
@@ -456,7 +474,7 @@ def _verify(path: Path, matrix: Matrix, options: VerifyOptions, report: Report) 
         f"METADATA says {metadata.get('Name')} {meta_version}, "
         f"the file name says {name.project} {name.version}",
     )
-    _check_torch_pin(metadata.get_all("Requires-Dist") or [], name, report)
+    _check_torch_pin(metadata.get_all("Requires-Dist") or [], name, report, package.abi3)
     wheel_meta = _read_metadata(wheel_text.decode("utf-8"))
     wheel_tags = sorted(wheel_meta.get_all("Tag") or [])
     name_tags = sorted(
@@ -494,6 +512,12 @@ def _verify(path: Path, matrix: Matrix, options: VerifyOptions, report: Report) 
                 report.fail(f"binary {member}: {exc}")
             else:
                 report.ok(f"binary {member}: {summary}")
+    if name.kind != "pure" and package.torch_independent:
+        for member in sorted(extensions.values()):
+            if member in contents:
+                _check_torch_free(member, contents[member], report)
+    if name.kind == "abi3":
+        _check_abi3_claim(path, name, report)
     expected = _check_build_info(contents, name, package.name, matrix, options, extensions, report)
     if expected is not None:
         _check_sass(path, contents, extensions, expected, options, report, matrix, name)
@@ -517,7 +541,78 @@ def _verify(path: Path, matrix: Matrix, options: VerifyOptions, report: Report) 
     report.expect(ok, f"smoke test: fresh venv, {detail}", f"smoke test: {detail}")
 
 
-def _check_torch_pin(requires: list[str], name: tags.WheelName, report: Report) -> None:
+#: Mangled C++ names of libtorch's namespaces (c10::, at::, torch::, caffe2::), in what a module imports.
+_TORCH_SYMBOL_RE = re.compile(r"^_ZN?K?(?:St\d+)?\d*(?:3c10|2at|5torch|6caffe2)")
+_TORCH_LIBRARY_RE = re.compile(r"^(libtorch|libc10|libcaffe2|libshm)|^(torch|c10)\w*\.dll$", re.IGNORECASE)
+
+
+def torch_imports(data: bytes) -> tuple[list[str], list[str]]:
+    """(NEEDED libraries, undefined dynamic symbols) of an ELF module; ([], []) for another format."""
+    if not data.startswith(b"\x7fELF"):
+        return [], []
+    import io  # noqa: PLC0415
+
+    from elftools.elf.dynamic import DynamicSection  # noqa: PLC0415
+    from elftools.elf.elffile import ELFFile  # noqa: PLC0415
+
+    elf = ELFFile(io.BytesIO(data))
+    needed, undefined = [], []
+    for section in elf.iter_sections():
+        if isinstance(section, DynamicSection):
+            needed += [tag.needed for tag in section.iter_tags() if tag.entry.d_tag == "DT_NEEDED"]
+        if section.name == ".dynsym":
+            undefined += [s.name for s in section.iter_symbols() if s.name and s["st_shndx"] == "SHN_UNDEF"]
+    return needed, undefined
+
+
+def _check_torch_free(member: str, data: bytes, report: Report) -> None:
+    """A module of a torch-independent package imports nothing of libtorch: no NEEDED libtorch / libc10,
+    no mangled c10:: / at:: / torch:: symbol (it would tie the wheel to that torch's C++ ABI)."""
+    try:
+        needed, undefined = torch_imports(data)
+    except Exception as exc:  # noqa: BLE001 - pyelftools raises many kinds on a damaged file
+        report.fail(f"torch-free {member}: cannot read its dynamic section ({type(exc).__name__}: {exc})")
+        return
+    libs = [n for n in needed if _TORCH_LIBRARY_RE.search(n)]
+    symbols = [s for s in undefined if _TORCH_SYMBOL_RE.search(s)]
+    problems = []
+    if libs:
+        problems.append(f"NEEDED {', '.join(libs)}")
+    if symbols:
+        problems.append(f"{len(symbols)} libtorch C++ symbols, e.g. {', '.join(symbols[:3])}")
+    report.expect(
+        not problems,
+        f"torch-free {member}: links no libtorch, imports no c10/at/torch symbol "
+        f"(NEEDED {', '.join(needed) or '-'})",
+        f"torch-free {member}: the wheel claims to serve every torch, but the module imports libtorch: "
+        + "; ".join(problems),
+    )
+
+
+def _check_abi3_claim(path: Path, name: tags.WheelName, report: Report) -> None:
+    """abi3audit: every Python symbol the modules import is in the limited API of the abi3 tag's Python."""
+    cmd = [sys.executable, "-m", "abi3audit", "--assume-minimum-abi3", name.python, "--strict", str(path)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        report.fail(f"abi3 claim: abi3audit did not run ({exc})")
+        return
+    if "No module named abi3audit" in proc.stderr:
+        report.fail(
+            "abi3 claim: abi3audit is not installed (pip install abi3audit; requirements-dev.txt pins it)"
+        )
+        return
+    detail = (proc.stdout + proc.stderr).strip().splitlines()
+    report.expect(
+        proc.returncode == 0,
+        f"abi3 claim: abi3audit finds only limited-API symbols of CPython {name.python}",
+        "abi3 claim: abi3audit: " + " | ".join(detail[-6:]),
+    )
+
+
+def _check_torch_pin(
+    requires: list[str], name: tags.WheelName, report: Report, abi3: dict | None = None
+) -> None:
     torch_reqs = []
     for text in requires:
         try:
@@ -531,7 +626,15 @@ def _check_torch_pin(requires: list[str], name: tags.WheelName, report: Report) 
             torch_reqs.append(req)
     pins = [s.version for r in torch_reqs for s in r.specifier if s.operator == "==" and "*" not in s.version]
     shown = ", ".join(str(r) for r in torch_reqs) or "(none)"
-    if name.kind == "pure":
+    if name.kind == "abi3":
+        floor = (abi3 or {}).get("torch_floor")
+        specs = [str(s) for r in torch_reqs for s in r.specifier]
+        report.expect(
+            specs == [f">={floor}"],
+            f"METADATA: Requires-Dist {shown} (the abi3 floor, never an exact pin)",
+            f"METADATA: an abi3 wheel requires torch>={floor} and nothing else of torch, has {shown}",
+        )
+    elif name.kind == "pure":
         report.expect(
             bool(torch_reqs) and not pins,
             f"METADATA: Requires-Dist {shown} (unpinned, as a pure wheel should be)",
@@ -575,13 +678,23 @@ def _check_build_info(contents, name, package, matrix, options, extensions, repo
             report.fail(f"--expect-archs {';'.join(options.expect_archs)} given for a pure wheel")
         return None
     claimed = None
+    toolkit = name.cuda  # the CUDA whose archs the wheel may hold
+    if name.kind == "abi3":
+        nvcc = str((info or {}).get("nvcc") or "")
+        toolkit = ".".join(nvcc.split(".")[:2]) if nvcc else (matrix.cuda_of_line(name.cuda) or [None])[-1]
     if info is not None:
         claimed = list(info.get("archs") or [])
         problems = []
-        if info.get("torch") not in (None, name.torch):
-            problems.append(f"torch {info.get('torch')} != {name.torch}")
-        if info.get("torch_cuda") not in (None, name.cuda):
-            problems.append(f"torch CUDA {info.get('torch_cuda')} != {name.cuda}")
+        if name.kind == "abi3":
+            if info.get("wheel_kind") != "abi3":
+                problems.append(f"wheel kind {info.get('wheel_kind')!r} != 'abi3'")
+            if str(info.get("cuda_line")) != name.cuda:
+                problems.append(f"CUDA line {info.get('cuda_line')} != {name.cuda}")
+        else:
+            if info.get("torch") not in (None, name.torch):
+                problems.append(f"torch {info.get('torch')} != {name.torch}")
+            if info.get("torch_cuda") not in (None, name.cuda):
+                problems.append(f"torch CUDA {info.get('torch_cuda')} != {name.cuda}")
         report.expect(
             not problems,
             f"build info: archs {';'.join(claimed) or '(none)'}, nvcc {info.get('nvcc')}",
@@ -599,15 +712,15 @@ def _check_build_info(contents, name, package, matrix, options, extensions, repo
     pkg = matrix.package(package)
     if claimed is None and not pkg.extensions:
         # a package without an extension table here (sageattn3 builds with its own setup.py)
-        claimed = [a for a in pkg.default_archs if a in matrix.cuda_release(name.cuda).archs]
+        claimed = [a for a in pkg.default_archs if a in matrix.cuda_release(toolkit).archs]
         report.ok(f"archs {';'.join(claimed)} (the {package} defaults in build-matrix.yaml)")
     if claimed is None:
         report.fail(f"cannot tell which archs this wheel claims: no {BUILD_INFO} in it; pass --expect-archs")
         return None
     try:
         for arch in claimed:
-            if arch not in matrix.cuda_release(name.cuda).archs:
-                report.fail(f"arch {arch}: {matrix.why_cuda_cannot(arch, name.cuda)}")
+            if arch not in matrix.cuda_release(toolkit).archs:
+                report.fail(f"arch {arch}: {matrix.why_cuda_cannot(arch, toolkit)}")
     except MatrixError as exc:
         report.fail(str(exc))
     plans = {p.name: list(p.archs) for p in matrix.extension_plan(package, claimed) if p.archs}
@@ -644,11 +757,11 @@ def _check_build_info(contents, name, package, matrix, options, extensions, repo
 def _check_sass(path, contents, extensions, expected, options, report, matrix, name):
     if not expected:
         return
-    cuda = name.cuda
+    cuda = name.cuda if name.kind != "abi3" else (matrix.cuda_of_line(name.cuda) or [None])[0]
     min_cuda = tuple(int(x) for x in cuda.split(".")[:2]) if cuda else None
     cuobjdump = find_cuobjdump(options, min_cuda)
     if cuobjdump is None and options.fetch_cuobjdump and options.cache_dir is not None:
-        requirement = next(iter(matrix.cuda_release(name.cuda).pip.cuobjdump), "nvidia-cuda-cuobjdump")
+        requirement = next(iter(matrix.cuda_release(cuda).pip.cuobjdump), "nvidia-cuda-cuobjdump")
         cuobjdump = fetch_cuobjdump(options.cache_dir, requirement)
     if cuobjdump is None:
         message = (

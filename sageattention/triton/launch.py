@@ -154,14 +154,20 @@ def quantize(q, k, v, km, vmax, cu_q, cu_k, *, nq, nk, batch, sm_scale, pv, retu
     residual = K_RESIDUAL[pv]
     with_corr = return_lse and km is not None
     if quant_backend == "cuda":  # the compiled fused ops of csrc/fused: same arithmetic, bit for bit
-        ops = torch.ops.sageattention
+        from .. import cuda_ops  # noqa: PLC0415 - the compiled modules, loaded on first use
+
         scale_mul = sm_scale * _quant.Q_SCALE_MUL
-        qq, q_scale, corr = ops.quant_q_per_token(q, km, sm_scale, scale_mul, d_pad, kv_group, with_corr)
+        qq, q_scale, corr = cuda_ops.call(
+            "quant_q_per_token", q, km, sm_scale, scale_mul, d_pad, kv_group, with_corr
+        )
         corr = corr if with_corr else None
-        quantized_k = ops.quant_k_per_block(k, km, block_n, d_pad, residual)  # [k1, scale] (+ [k2])
+        quantized_k = cuda_ops.call(
+            "quant_k_per_block", k, km, block_n, d_pad, residual
+        )  # [k1, scale] (+ [k2])
         kq, ks = quantized_k[0], quantized_k[1]
         kr = quantized_k[2] if residual else None
-        vv = ops.quant_v_fp8(v, vmax, d_pad, triton.cdiv(nk, 16) * 16) if vmax is not None else None
+        n_pad = triton.cdiv(nk, 16) * 16
+        vv = cuda_ops.call("quant_v_fp8", v, vmax, d_pad, n_pad, False) if vmax is not None else None
     else:
         corr = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if with_corr else None
         qq, q_scale = _quantize_q(q, km, corr, cu_q, n=nq, sm_scale=sm_scale, kv_group=kv_group, d_pad=d_pad,

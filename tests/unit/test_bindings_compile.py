@@ -50,6 +50,24 @@ def _cases() -> list[tuple[str, Path, dict[str, str], list[str]]]:
 CASES = _cases()
 
 
+def _torch_includes(name: str, torch_ext) -> list[str]:
+    """torch's headers for sageattn3 (a torch-cpp binding); none for sageattention's c-abi modules, so
+    that a torch include there fails to compile."""
+    return (
+        [] if PACKAGE.torch_independent and name.startswith("sageattention.") else torch_ext.include_paths()
+    )
+
+
+def test_the_c_abi_binding_includes_nothing_of_torch():
+    """csrc/bindings.cpp and every kernel file of sageattention include no torch or ATen header: the
+    modules serve every torch (build-matrix.yaml, binding: c-abi)."""
+    assert PACKAGE.binding == "c-abi"
+    for path in [ROOT / "csrc" / "bindings.cpp", *ROOT.glob("csrc/**/*.cu"), *ROOT.glob("csrc/**/*.h*")]:
+        text = path.read_text(encoding="utf-8")
+        for header in ("torch/", "ATen/", "c10/", "pybind11"):
+            assert f"#include <{header}" not in text, f"{path.relative_to(ROOT)} includes {header}"
+
+
 def test_every_extension_family_is_covered():
     """One case per family macro of build-matrix.yaml, and sageattn3's bindings."""
     names = [name for name, *_ in CASES]
@@ -81,7 +99,9 @@ def test_bindings_compile_without_warnings(name, source, define, includes):
         "-DTORCH_API_INCLUDE_EXTENSION_H",
         f"-DTORCH_EXTENSION_NAME={name.rsplit('.', 1)[-1]}",
         *(f"-D{k}={v}" for k, v in define.items()),
-        *(f"-I{d}" for d in [*includes, *torch_ext.include_paths(), str(cuda_include)]),
+        # sageattention's modules (the c-abi binding) see no torch header, and the limited Python API
+        *(["-DPy_LIMITED_API=0x030A0000"] if name.startswith("sageattention.") else []),
+        *(f"-I{d}" for d in [*includes, *_torch_includes(name, torch_ext), str(cuda_include)]),
         f"-I{sysconfig.get_paths()['include']}",
         str(source),
     ]

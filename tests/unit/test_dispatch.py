@@ -7,7 +7,7 @@ import importlib
 import pytest
 import torch
 
-from sageattention import cuda_sm89, dispatch, ops
+from sageattention import _native, cuda_sm89, dispatch, ops
 from sageattention.dispatch import Request
 from sageattention.quant import PVAccum, PVDtype
 
@@ -27,7 +27,7 @@ def built(monkeypatch):
         )
         monkeypatch.setattr(ops, "triton_unavailable_reason", lambda: None if triton else "no triton")
         record = {"extensions": {f"sageattention.{m}": a for m, a in (archs or {}).items()}} if archs else {}
-        monkeypatch.setattr(ops, "_build_record", [record])
+        monkeypatch.setattr(_native, "_build_record", [record])
 
     configure()
     return configure
@@ -181,15 +181,15 @@ def test_forced_variant_without_code_for_the_gpu(built, monkeypatch):
 def test_build_record_is_read_from_the_package(monkeypatch):
     """ops.build_info reads _build_info.json beside the package's modules; none there (a source tree):
     no record, and nothing is passed over for want of one."""
-    monkeypatch.setattr(ops, "_build_record", [])
+    monkeypatch.setattr(_native, "_build_record", [])
     assert ops.build_info() == {}
     assert ops.cuda_image_missing_reason("sm89", (10, 0)) is None
 
 
 def test_real_availability_reasons_are_recorded():
-    """Without pretend builds: the compiled extensions are absent in a source tree, with the ImportError."""
+    """Without pretend builds: the compiled extensions are absent in a source tree, and say so."""
     module, reason = ops.extension_status("sm90")
-    assert module is None and "ModuleNotFoundError" in reason
+    assert module is None and "is not built in this installation" in reason
     assert "could not be imported" in ops.cuda_unavailable_reason("sm90")
 
 
@@ -368,7 +368,7 @@ def test_cuda_attention_names_valid_archs():
 
 def test_cuda_quantization_of_the_triton_path_needs_code_for_the_gpu(monkeypatch):
     monkeypatch.setattr(ops, "fused_quant_unavailable_reason", lambda: None)
-    monkeypatch.setattr(ops, "_build_record", [{"extensions": {"sageattention._fused": ["8.0", "9.0a"]}}])
+    monkeypatch.setattr(_native, "_build_record", [{"extensions": {"sageattention._fused": ["8.0", "9.0a"]}}])
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
     q = torch.zeros(1, 1, 4, 8, dtype=BF16)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
@@ -389,7 +389,7 @@ def test_the_record_setup_py_writes_is_the_one_read(monkeypatch):
     m = build_matrix.load()
     archs, _, _ = m.resolve_archs("sageattention", "13.0", None)
     record = {"extensions": {p.name: list(p.archs) for p in m.extension_plan("sageattention", archs)}}
-    monkeypatch.setattr(ops, "_build_record", [record])
+    monkeypatch.setattr(_native, "_build_record", [record])
     for arch, capability in (("sm90", (9, 0)), ("sm89", (8, 9)), ("sm89", (12, 0)), ("sm80", (8, 6))):
         assert ops.cuda_image_missing_reason(arch, capability) is None, (arch, capability)
     assert "holds no code for this GPU (10.0;" in ops.cuda_image_missing_reason("sm89", (10, 0))

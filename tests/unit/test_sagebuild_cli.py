@@ -58,7 +58,7 @@ def test_plan_json_and_text(capsys):
 def test_unknown_profile_lists_valid_ones(capsys):
     code, out, err = run_cli(capsys, "plan", "--profile", "nightly")
     assert code == 2 and out == ""
-    assert "unknown profile 'nightly'; valid profiles: default, stable, pytorch26" in err
+    assert "unknown profile 'nightly'; valid profiles: default, abi3-release, stable, pytorch26" in err
     assert "Traceback" not in err
 
 

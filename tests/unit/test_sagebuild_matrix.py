@@ -49,7 +49,7 @@ def test_release_profile_counts(matrix, profile, count, platform):
 
 def test_release_profiles_contents(matrix):
     ids = [t.id for t in matrix.profile_targets("default", platform="linux")]
-    assert ids == ["linux-sageattention-pytorch28-cu129-python312"]
+    assert ids == ["linux-sageattention-abi3-cu130-python312"]
     stable = {(t.torch, t.cuda, t.python) for t in matrix.profile_targets("stable", platform="linux")}
     assert stable == {("2.6.0", "12.6", "3.12"), ("2.7.0", "12.8", "3.12"), ("2.8.0", "12.9", "3.12")}
     py26 = [t.python for t in matrix.profile_targets("pytorch26", platform="windows")]
@@ -83,7 +83,7 @@ def test_new_releases_present(matrix):
     assert [t.wheel_name for t in latest] == ["sageattention-2.2.0-2141.130-cp312-cp312-linux_x86_64.whl"]
     assert len(matrix.profile_targets("pytorch214", platform="linux")) == 10
     ci = matrix.profile_targets("ci-build")
-    assert [t.id for t in ci] == ["linux-sageattention-pytorch2141-cu130-python311-sm90a"]
+    assert [t.id for t in ci] == ["linux-sageattention-abi3-cu130-python311-sm90a"]
 
 
 def test_ids_unique_and_findable(matrix):

@@ -20,7 +20,9 @@ def matrix():
 
 
 def parse(name, matrix):
-    return tags.parse_wheel_name(name, matrix.torch, matrix.cuda, matrix.wheel_platforms(), matrix.naming())
+    return tags.parse_wheel_name(
+        name, matrix.torch, matrix.cuda, matrix.wheel_platforms(), matrix.naming(), matrix.abi3_entries()
+    )
 
 
 def test_documented_examples(matrix):
@@ -104,7 +106,12 @@ def test_python_tag_round_trip(python):
         ("sageattention-2.2.0-28.129-cp312-cp312-linux_x86_64.whl", "too short"),
         ("sageattention-2.2.0+cu129-280.129-cp312-cp312-linux_x86_64.whl", "not a local version"),
         ("sageattention-2.2.0-280.129-py3-none-any.whl", "must not carry a build tag"),
-        ("sageattention-2.2.0-280.129-cp312-abi3-linux_x86_64.whl", "does not match Python tag"),
+        ("sageattention-2.2.0-280.129-cp312-abi3-linux_x86_64.whl", "is tagged cp310-abi3, not cp312"),
+        ("sageattention-2.2.0-280.129-cp310-abi3-linux_x86_64.whl", "carries no {torch}.{cuda} build tag"),
+        ("sageattention-2.2.0+cu13-cp310-abi3-linux_x86_64.whl", "is the default line"),
+        ("sageattention-2.2.0+cu11-cp310-abi3-linux_x86_64.whl", "CUDA line 11 is not in build-matrix.yaml"),
+        ("sageattention-2.2.0+cu128torch2.9.0-cp310-abi3-linux_x86_64.whl", "local version is its CUDA line"),
+        ("sageattn3-1.0.0-cp310-abi3-linux_x86_64.whl", "sageattn3 has no abi3 wheels"),
         ("sageattention-2.2.0-280.129-cp312.cp313-cp312-linux_x86_64.whl", "exactly one Python"),
         ("sageattention-2.2.0-280.129-cp312-cp312-macosx_14_0_arm64.whl", "is not one of ours"),
         ("sageattention-2.2.0-280.129-pp310-pp310-linux_x86_64.whl", "not a CPython tag"),

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One GPU run for the torch-independent wheel (docs/building.md, "One wheel for every PyTorch"): the abi3
+# wheel built on another machine against another torch ($WHEEL) is installed with --no-deps beside the
+# GPU machine's torch and runs the GPU suite; the per-torch wheel of the libtorch binding it replaced is
+# built from $BASELINE (a copy of that commit's sources) meanwhile; then both run the same speed and
+# host-overhead benchmarks, one after the other, so that their ratios hold.
+# Usage: OUT=/dir WHEEL=path/to.whl BASELINE=.baseline bash bench/abi3_compare.sh
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+repo=$(pwd)
+OUT=${OUT:?set OUT to a folder for logs and results}
+WHEEL=${WHEEL:?set WHEEL to the abi3 wheel}
+BASELINE=${BASELINE:-.baseline}
+step() { echo "== $* ($(date +%T))"; }
+# The image's CC/CXX wrapper miscompiles throwing code (bench/device_run.sh); the system g++ does not.
+if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
+rm -rf /tmp/site /tmp/base /tmp/basewheel /tmp/benchroot
+python -m pip install -q --no-deps --no-index --target /tmp/site "$WHEEL" || exit 1
+(cd /tmp && PYTHONPATH=/tmp/site python -m sageattention env >"$OUT/env.txt" 2>&1); head -12 "$OUT/env.txt"
+
+step "baseline build (background)"
+(cd "$BASELINE" && start=$(date +%s) && TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=6 SAGEATTENTION_BUILD_CUDA=1 \
+  timeout 480 python -m pip wheel -q --no-build-isolation --no-deps -w /tmp/basewheel . >"$OUT/baseline-build.log" 2>&1 \
+  && python -m pip install -q --no-deps --no-index --target /tmp/base /tmp/basewheel/*.whl
+  echo "baseline rc=$? in $(( $(date +%s) - start )) s" >>"$OUT/baseline-build.log") &
+builder=$!
+
+step "GPU suite against the abi3 wheel"
+(cd /tmp && PYTHONPATH=/tmp/site SAGEATTN_FUZZ_EXAMPLES=${SAGEATTN_FUZZ_EXAMPLES:-10} \
+  timeout "${TEST_TIMEOUT:-330}" python -m pytest -q -rfEs -p no:cacheprovider -n "${TEST_WORKERS:-8}" \
+  -c /dev/null -o "markers=gpu: needs a CUDA GPU" --rootdir "$repo/tests" -m gpu \
+  ${PYTEST_ARGS:-"$repo/tests/gpu"} >"$OUT/gpu-tests.log" 2>&1)
+echo "pytest rc=$?"; grep -E "passed|failed|error" "$OUT/gpu-tests.log" | tail -2
+grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log" | head -20
+wait "$builder"; tail -2 "$OUT/baseline-build.log"
+
+# The benchmarks import the installed package, not the checkout: run them from a folder without it.
+mkdir -p /tmp/benchroot && cp -r "$repo/bench" "$repo/example" /tmp/benchroot/
+for pair in abi3:/tmp/site per-torch:/tmp/base; do
+  name=${pair%%:*} site=${pair#*:}
+  [ -d "$site/sageattention" ] || { echo "no $name wheel"; continue; }
+  step "speed and host overhead: $name"
+  (cd /tmp/benchroot && PYTHONPATH=$site timeout 150 python bench/bench_attention.py --head-dims 128 \
+    --lengths 4096 16384 --causal no --impls sdpa-cudnn sageattn --rep 100 --no-plot \
+    --out "$OUT/attention-$name.json" 2>&1 | tail -4)
+  (cd /tmp/benchroot && PYTHONPATH=$site timeout 120 python bench/host_overhead.py --out "$OUT/host-$name.json" \
+    2>&1 | tail -8)
+done
+step done
