@@ -281,7 +281,12 @@ def cmd_bake(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    bake = sub.add_parser("bake", help="render docker-bake.hcl from the matrix")
+    bake = sub.add_parser(
+        "bake",
+        help="render docker-bake.hcl from the matrix",
+        description="Write docker-bake.hcl: one wheel target and one test- target per Linux build of "
+        "every profile, groups per profile, PyTorch release and package; --check only compares.",
+    )
     bake.add_argument("--check", action="store_true", help="exit 1 when the file is out of date")
     bake.add_argument("--output", help=f"file to write (default: {OUTPUT} next to the matrix)")
     bake.add_argument(

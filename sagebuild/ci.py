@@ -277,6 +277,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     env = sub.add_parser(
         "ci-env",
         help="CI: where one build's CUDA toolkit comes from (key=value lines for $GITHUB_OUTPUT)",
+        description="For one build id: whether its CUDA toolkit comes from pip packages (sagebuild "
+        "installs them) or from the CUDA installer (release, method, sub-packages), why, and the torch "
+        "index SAGEBUILD_TORCH_INDEX gives for its CUDA.",
     )
     env.add_argument("--target", required=True, help="a build id from `plan`")
     env.set_defaults(func=cmd_ci_env)
