@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -250,3 +251,30 @@ def test_a_closed_pipe_ends_plan_quietly():
             timeout=60,
         )
         assert proc.stdout.startswith("profile sage2-current") and "Error" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "launcher",
+    [["sagebuild"], ["bin/sagebuild"]],
+    ids=["the sagebuild folder", "bin/sagebuild"],
+)
+def test_runs_from_any_directory(tmp_path, launcher):
+    """Not only from the checkout's root: from a temporary directory (no PYTHONPATH), the matrix, its
+    generated files and the sources are still the checkout's."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    cmd = [sys.executable, str(REPO_ROOT / launcher[0])]
+
+    def run(*args):
+        return subprocess.run(
+            [*cmd, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
+
+    proc = run("validate")
+    assert proc.returncode == 0, proc.stderr
+    assert str(REPO_ROOT / "build-matrix.yaml") in proc.stdout
+    proc = run("plan", "--profile", "default", "--format", "json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["count"] == 2
+    proc = run("docs", "--check")
+    assert proc.returncode == 0 and str(REPO_ROOT / docs.OUTPUT) in proc.stdout + proc.stderr
+    assert run("plan", "--profile", "nope").returncode == 2
+    assert list(tmp_path.iterdir()) == []  # nothing written into the working directory
