@@ -175,29 +175,34 @@ def _targets_for_build(args: argparse.Namespace, matrix: Matrix) -> list[Target 
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from .build import BuildOptions, build, cache_dir  # noqa: PLC0415
+    from .build import BuildOptions, build, cache_dir, check_torch_source  # noqa: PLC0415
 
     matrix = _load(args)
     targets = _targets_for_build(args, matrix)
-    built = []
+    every = []
     for target in targets:
-        options = BuildOptions(
-            package=args.package,
-            target=target,
-            index_url=args.index_url,
-            cuda_home=Path(args.cuda_home) if args.cuda_home else None,
-            toolkit=args.toolkit,
-            python_exe=args.python_exe,
-            out=Path(args.out),
-            use_current_env=args.use_current_env,
-            fresh_env=args.fresh_env,
-            repair=args.repair,
-            verify=not args.no_verify,
-            smoke=not args.no_smoke,
-            allow_missing_cuobjdump=args.allow_missing_cuobjdump,
-            cache=Path(args.cache_dir).resolve() if args.cache_dir else cache_dir(),
+        every.append(
+            BuildOptions(
+                package=args.package,
+                target=target,
+                index_url=args.index_url,
+                cuda_home=Path(args.cuda_home) if args.cuda_home else None,
+                toolkit=args.toolkit,
+                python_exe=args.python_exe,
+                out=Path(args.out),
+                use_current_env=args.use_current_env,
+                fresh_env=args.fresh_env,
+                repair=args.repair,
+                verify=not args.no_verify,
+                smoke=not args.no_smoke,
+                allow_missing_cuobjdump=args.allow_missing_cuobjdump,
+                cache=Path(args.cache_dir).resolve() if args.cache_dir else cache_dir(),
+            )
         )
-        built.append(build(matrix, options))
+    for options in every:  # every build of a profile, before the first installs anything
+        if options.target is not None and options.target.platform == envs.current_platform():
+            check_torch_source(matrix, options.target, options)
+    built = [build(matrix, options) for options in every]
     if len(built) > 1:
         print(f"built {len(built)} wheels:")
         for path in built:

@@ -278,3 +278,54 @@ def test_runs_from_any_directory(tmp_path, launcher):
     assert proc.returncode == 0 and str(REPO_ROOT / docs.OUTPUT) in proc.stdout + proc.stderr
     assert run("plan", "--profile", "nope").returncode == 2
     assert list(tmp_path.iterdir()) == []  # nothing written into the working directory
+
+
+@pytest.fixture
+def no_installs(monkeypatch):
+    """Fails the test when a build gets as far as making an environment or running pip or a tool."""
+    from sagebuild import build as sb
+    from sagebuild import envs
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"installed or ran something: {args[:2]}")
+
+    for name in ("create_venv", "pip", "run", "find_python"):
+        monkeypatch.setattr(envs, name, refuse)
+    monkeypatch.setattr(sb, "prepare_toolkit", refuse)
+    monkeypatch.setattr(envs, "current_platform", lambda: "linux")
+    for name in ("SAGEBUILD_TORCH_INDEX", *sb.PIP_INDEX_VARIABLES):
+        monkeypatch.delenv(name, raising=False)
+    return sb
+
+
+def test_a_build_that_needs_a_torch_index_stops_before_installing(no_installs, capsys, tmp_path):
+    sb = no_installs
+    # torch 2.8.0's CUDA 12.9 build is not what the plain index serves on Linux (12.8: registry_cuda)
+    target = "linux-sageattention-pytorch28-cu129-python312"
+    code, _, err = run_cli(capsys, "build", "--target", target, "--cache-dir", str(tmp_path))
+    assert code == 1 and "Traceback" not in err
+    assert "needs torch 2.8.0 built for CUDA 12.9" in err and "serves its CUDA 12.8 build on linux" in err
+    assert "Set SAGEBUILD_TORCH_INDEX" in err and "cu129 here" in err and "Nothing was installed" in err
+    assert list(tmp_path.iterdir()) == []
+    # a whole profile is checked before its first build
+    code, _, err = run_cli(capsys, "build", "--profile", "stable", "--cache-dir", str(tmp_path))
+    assert code == 1 and "linux-sageattention-pytorch26-cu126-python312 needs torch 2.6.0" in err
+    # what needs no index, or has one, passes the check
+    matrix = load()
+    served = matrix.find_target("linux-sageattention-pytorch2141-cu130-python312")
+    sb.check_torch_source(matrix, served, sb.BuildOptions(target=served), environ={})
+    needs = matrix.find_target(target)
+    sb.check_torch_source(matrix, needs, sb.BuildOptions(target=needs, index_url="file:///idx"), environ={})
+    sb.check_torch_source(matrix, needs, sb.BuildOptions(target=needs, use_current_env=True), environ={})
+    sb.check_torch_source(matrix, needs, sb.BuildOptions(target=needs), environ={"PIP_INDEX_URL": "x"})
+    windows = matrix.find_target("windows-sageattention-pytorch2141-cu130-python312")
+    with pytest.raises(sb.SagebuildError, match="serves only its CPU build on windows"):
+        sb.check_torch_source(matrix, windows, sb.BuildOptions(target=windows), environ={})
+
+
+def test_the_torch_index_variable_satisfies_the_check(no_installs, monkeypatch):
+    sb = no_installs
+    matrix = load()
+    needs = matrix.find_target("linux-sageattention-pytorch28-cu129-python312")
+    monkeypatch.setenv("SAGEBUILD_TORCH_INDEX", "file:///srv/torch/{cuda_tag}")
+    sb.check_torch_source(matrix, needs, sb.BuildOptions(target=needs))
