@@ -95,7 +95,7 @@ def toolkit_plan(matrix: Matrix, target: Target) -> ToolkitPlan:
     also registers the MSVC integration."""
     release = toolkit_release(matrix, target.cuda)
     cuda = matrix.cuda_release(target.cuda)
-    if target.platform == "windows":
+    if matrix.platform(target.platform).system == "Windows":
         packages = _WINDOWS_PACKAGES_13 if _vkey(target.cuda) >= (13, 0) else _WINDOWS_PACKAGES_12
         return ToolkitPlan(
             "installer", release, "network", packages, "Windows: the CUDA installer with MSVC integration"

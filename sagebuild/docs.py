@@ -68,13 +68,14 @@ def render(matrix: Matrix) -> str:
 
     lines += ["## Platforms", ""]
     lines += _table(
-        ["platform", "wheel tag", "after repair", "CI runner"],
+        ["platform", "wheel tag", "after repair", "CI runner", "Docker Bake"],
         [
             [
                 p.name,
                 f"`{p.wheel_platform}`",
                 f"`{p.repair_platform}`" if p.repair_platform else "-",
                 p.runner,
+                f"{p.docker_platform} in `{p.manylinux_image}`" if p.manylinux_image else "-",
             ]
             for p in matrix.platforms.values()
         ],

@@ -121,6 +121,8 @@ class Platform:
     wheel_platform: str
     repair_platform: str | None
     runner: str
+    docker_platform: str | None = None  # Linux: the platform Docker Bake builds for (linux/amd64)
+    manylinux_image: str | None = None  # Linux: the manylinux image of repair_platform (Docker Bake)
 
 
 @dataclass(frozen=True)
@@ -418,6 +420,8 @@ class Matrix:
                     wheel_platform=spec["wheel_platform"],
                     repair_platform=spec.get("repair_platform"),
                     runner=spec.get("runner", ""),
+                    docker_platform=spec.get("docker_platform"),
+                    manylinux_image=spec.get("manylinux_image"),
                 )
             except (KeyError, TypeError) as exc:
                 errors.append(f"platform {name}: missing field {exc}")
@@ -536,6 +540,23 @@ class Matrix:
     # -- validation of the file itself -----------------------------------------------------------------
 
     def _validate(self, errors: list[str]) -> None:
+        for platform in self.platforms.values():
+            where = f"platform {platform.name}"
+            if not platform.runner:
+                errors.append(f"{where}: no runner (the CI runner label its builds run on)")
+            if platform.system == "Linux" and platform.repair_platform:
+                # Docker Bake builds the manylinux wheels of every Linux platform in its image
+                if not platform.manylinux_image or not platform.docker_platform:
+                    errors.append(
+                        f"{where}: a Linux platform with repair_platform needs manylinux_image (the "
+                        f"{platform.repair_platform} image Docker builds in) and docker_platform "
+                        "(e.g. linux/amd64)"
+                    )
+                elif f"/{platform.repair_platform}" not in platform.manylinux_image:
+                    errors.append(
+                        f"{where}: manylinux_image {platform.manylinux_image!r} is not a "
+                        f"{platform.repair_platform} image"
+                    )
         for version, release in self.torch.items():
             for cuda in release.cuda:
                 if cuda not in self.cuda:
