@@ -251,3 +251,26 @@ def test_package_version_comes_from_pyproject(matrix):
     assert f'version = "{matrix.package_version("sageattention")}"' in text
     assert matrix.package_version("sageattn3") == "1.0.0"  # planned, until its pyproject exists
     assert Path(REPO_ROOT / "build-matrix.yaml").is_file()
+
+
+def test_every_package_pins_its_build_environment(matrix):
+    """Each package's [build-system] requires is exact pins (sagebuild installs exactly those), at the
+    same versions as the root package's: sageattn3's build environment is as fixed as sageattention's."""
+    from packaging.requirements import Requirement
+
+    root = {}
+    for text in read_build_requires(REPO_ROOT / "pyproject.toml"):
+        req = Requirement(text)
+        root[req.name] = str(req.specifier)
+    for package in matrix.packages.values():
+        pyproject = REPO_ROOT / package.source_dir / "pyproject.toml"
+        requires = read_build_requires(pyproject)
+        assert requires, f"{pyproject}: no [build-system] requires"
+        for text in requires:
+            req = Requirement(text)
+            spec = list(req.specifier)
+            assert len(spec) == 1 and spec[0].operator == "==", f"{pyproject}: {text} is not an exact pin"
+            assert root.get(req.name, str(req.specifier)) == str(req.specifier), (
+                f"{pyproject}: {text}, but the root pyproject.toml pins {req.name}{root[req.name]}"
+            )
+        assert any(Requirement(t).name == "setuptools" for t in requires)
