@@ -601,6 +601,7 @@ class Matrix:
         for name in self.sets:
             try:
                 self.set_combos(name)
+                self._check_left_out(name, errors)
             except MatrixError as exc:
                 errors.append(f"set {name}: {exc}")
         seen: dict[str, str] = {}
@@ -817,6 +818,70 @@ class Matrix:
             default_archs=is_default,
             dropped_archs=dropped,
         )
+
+    def set_dropped(self, name: str) -> list[tuple[tuple[str, str, str], str]]:
+        """The combinations a set lists that ``only_shipped`` leaves out, each with why (the torch
+        release has no such CUDA build or no wheels for that Python)."""
+        spec = self.sets[name]
+        if not spec.get("only_shipped"):
+            return []
+        dropped = []
+        for entry in spec.get("builds") or []:
+            for torch in _listify(entry.get("torch")):
+                release = self.torch_release(torch)
+                for cuda in _listify(entry.get("cuda")):
+                    for python in _listify(entry.get("python")):
+                        if cuda not in release.cuda:
+                            why = f"PyTorch {torch} has no CUDA {cuda} build (it ships {_join(release.cuda)})"
+                        elif python not in release.python:
+                            why = f"PyTorch {torch} has no wheels for Python {python}"
+                        else:
+                            continue
+                        dropped.append(((torch, cuda, python), why))
+        return dropped
+
+    def left_out(self, name: str) -> list[dict[str, Any]]:
+        """A set's ``left_out`` notes, each with the combinations it explains:
+        ``{"torch": [...], "cuda": [...], "python": [...], "why": str, "combos": [(t, c, p), ...],
+        "facts": [why only_shipped drops each]}``. Every combination only_shipped drops must have a
+        note (checked by validation): nothing leaves a set without a word."""
+        notes = []
+        dropped = self.set_dropped(name)
+        for raw in self.sets[name].get("left_out") or []:
+            keys = {k: _listify(raw.get(k)) for k in ("torch", "cuda", "python")}
+            hits = [
+                (combo, fact)
+                for combo, fact in dropped
+                if all(not keys[k] or combo[i] in keys[k] for i, k in enumerate(("torch", "cuda", "python")))
+            ]
+            notes.append(
+                {
+                    **keys,
+                    "why": " ".join(str(raw.get("why") or "").split()),
+                    "combos": [c for c, _ in hits],
+                    "facts": list(dict.fromkeys(f for _, f in hits)),
+                }
+            )
+        return notes
+
+    def _check_left_out(self, name: str, errors: list[str]) -> None:
+        notes = self.left_out(name)
+        explained = {c for n in notes for c in n["combos"]}
+        for note in notes:
+            label = ", ".join(f"{k} {'/'.join(note[k])}" for k in ("torch", "cuda", "python") if note[k])
+            if not note["why"]:
+                errors.append(f"set {name}: the left_out note for {label or 'everything'} gives no why")
+            if not note["combos"]:
+                errors.append(
+                    f"set {name}: the left_out note for {label or 'everything'} matches no combination "
+                    "that only_shipped leaves out (a stale note?)"
+                )
+        for (torch, cuda, python), fact in self.set_dropped(name):
+            if (torch, cuda, python) not in explained:
+                errors.append(
+                    f"set {name}: only_shipped leaves out torch {torch} + CUDA {cuda} + Python {python} "
+                    f"({fact}); add a left_out note saying why (BUILD_MATRIX.md shows it)"
+                )
 
     def set_combos(self, name: str) -> list[tuple[str, str, str]]:
         """(torch, cuda, python) combinations of a build set, each checked."""
