@@ -5,12 +5,19 @@
 #   docker buildx bake test-linux-sageattention-pytorch28-cu129-python312  # install + import it
 #   docker buildx bake default | linux | all | pytorch28 | profile-stable | test-all
 #
-# The base image is the manylinux_2_28 image (`python -m sagebuild bake --base-image` prints the
-# one the pinned cibuildwheel uses): MANYLINUX_IMAGE=$(python -m sagebuild bake --base-image).
+# Every file in a wheel is stamped with SOURCE_DATE_EPOCH, which must be the last commit's time,
+# as in a native build (the build context holds no .git to read it from); sagebuild prints it:
+#   export SOURCE_DATE_EPOCH=$(python -m sagebuild bake --source-date-epoch)
+# The manylinux images are those of build-matrix.yaml (platforms: manylinux_image), by digest.
 # Targets are named by the build ids of `python -m sagebuild plan`; see docs/ci.md.
 
-# Required: the manylinux_2_28_x86_64 image reference (see above).
+# The manylinux_2_28_x86_64 image the linux wheels are built in (platforms.linux.manylinux_image).
 variable "MANYLINUX_IMAGE" {
+  default = "quay.io/pypa/manylinux_2_28_x86_64@sha256:b74a5b6f1705ecff17be8bd792589bef9b3b039766d12205720ecd2a9e919192"
+}
+
+# Required: the last commit's time (see above); the build stops without it.
+variable "SOURCE_DATE_EPOCH" {
   default = ""
 }
 
@@ -36,7 +43,7 @@ group "default" {
   ]
 }
 
-# Every Linux wheel.
+# Every linux wheel.
 group "linux" {
   targets = [
     "linux-sageattention-pytorch28-cu129-python312",
@@ -679,76 +686,80 @@ group "profile-sage3-all" {
 target "_builder" {
   context    = "."
   dockerfile = "dockerfile.builder.linux"
-  platforms  = ["linux/amd64"]
   args       = {
-    MANYLINUX_IMAGE       = MANYLINUX_IMAGE
     SAGEBUILD_TORCH_INDEX = SAGEBUILD_TORCH_INDEX
+    SOURCE_DATE_EPOCH     = SOURCE_DATE_EPOCH
+  }
+}
+
+# The linux wheels: linux/amd64, in its manylinux image.
+target "_linux" {
+  inherits  = ["_builder"]
+  platforms = ["linux/amd64"]
+  args      = {
+    MANYLINUX_IMAGE = MANYLINUX_IMAGE
   }
 }
 
 # CUDA 12.6 (toolkit 12.6.3).
 target "_cu126" {
-  inherits = ["_builder"]
-  args     = {
+  args = {
     CUDA_VERSION = "12.6"
     CUDA_IMAGE   = "nvidia/cuda:12.6.3-devel-${CUDA_IMAGE_DISTRO}"
   }
 }
 
-# The build image alone (manylinux_2_28 + CUDA), e.g. for cibuildwheel.
-target "toolchain-cu126" {
-  inherits = ["_cu126"]
-  target   = "toolchain"
-  tags     = ["sagebuild-toolchain:cu126"]
-  output   = ["type=docker"]
-}
-
 # CUDA 12.8 (toolkit 12.8.1).
 target "_cu128" {
-  inherits = ["_builder"]
-  args     = {
+  args = {
     CUDA_VERSION = "12.8"
     CUDA_IMAGE   = "nvidia/cuda:12.8.1-devel-${CUDA_IMAGE_DISTRO}"
   }
 }
 
-# The build image alone (manylinux_2_28 + CUDA), e.g. for cibuildwheel.
-target "toolchain-cu128" {
-  inherits = ["_cu128"]
-  target   = "toolchain"
-  tags     = ["sagebuild-toolchain:cu128"]
-  output   = ["type=docker"]
-}
-
 # CUDA 12.9 (toolkit 12.9.1).
 target "_cu129" {
-  inherits = ["_builder"]
-  args     = {
+  args = {
     CUDA_VERSION = "12.9"
     CUDA_IMAGE   = "nvidia/cuda:12.9.1-devel-${CUDA_IMAGE_DISTRO}"
   }
 }
 
-# The build image alone (manylinux_2_28 + CUDA), e.g. for cibuildwheel.
-target "toolchain-cu129" {
-  inherits = ["_cu129"]
-  target   = "toolchain"
-  tags     = ["sagebuild-toolchain:cu129"]
-  output   = ["type=docker"]
-}
-
 # CUDA 13.0 (toolkit 13.0.0).
 target "_cu130" {
-  inherits = ["_builder"]
-  args     = {
+  args = {
     CUDA_VERSION = "13.0"
     CUDA_IMAGE   = "nvidia/cuda:13.0.0-devel-${CUDA_IMAGE_DISTRO}"
   }
 }
 
-# The build image alone (manylinux_2_28 + CUDA), e.g. for cibuildwheel.
+# The linux build image alone (manylinux + CUDA 12.6), e.g. for cibuildwheel.
+target "toolchain-cu126" {
+  inherits = ["_linux", "_cu126"]
+  target   = "toolchain"
+  tags     = ["sagebuild-toolchain:cu126"]
+  output   = ["type=docker"]
+}
+
+# The linux build image alone (manylinux + CUDA 12.8), e.g. for cibuildwheel.
+target "toolchain-cu128" {
+  inherits = ["_linux", "_cu128"]
+  target   = "toolchain"
+  tags     = ["sagebuild-toolchain:cu128"]
+  output   = ["type=docker"]
+}
+
+# The linux build image alone (manylinux + CUDA 12.9), e.g. for cibuildwheel.
+target "toolchain-cu129" {
+  inherits = ["_linux", "_cu129"]
+  target   = "toolchain"
+  tags     = ["sagebuild-toolchain:cu129"]
+  output   = ["type=docker"]
+}
+
+# The linux build image alone (manylinux + CUDA 13.0), e.g. for cibuildwheel.
 target "toolchain-cu130" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "toolchain"
   tags     = ["sagebuild-toolchain:cu130"]
   output   = ["type=docker"]
@@ -756,7 +767,7 @@ target "toolchain-cu130" {
 
 # sageattention-2.2.0-280.129-cp312-cp312-linux_x86_64.whl: torch 2.8.0, CUDA 12.9, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch28-cu129-python312" {
-  inherits = ["_cu129"]
+  inherits = ["_linux", "_cu129"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch28-cu129-python312"
@@ -773,7 +784,7 @@ target "test-linux-sageattention-pytorch28-cu129-python312" {
 
 # sageattention-2.2.0-260.126-cp312-cp312-linux_x86_64.whl: torch 2.6.0, CUDA 12.6, Python 3.12, archs 8.0;8.6;8.9;9.0a
 target "linux-sageattention-pytorch26-cu126-python312" {
-  inherits = ["_cu126"]
+  inherits = ["_linux", "_cu126"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch26-cu126-python312"
@@ -790,7 +801,7 @@ target "test-linux-sageattention-pytorch26-cu126-python312" {
 
 # sageattention-2.2.0-270.128-cp312-cp312-linux_x86_64.whl: torch 2.7.0, CUDA 12.8, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch27-cu128-python312" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch27-cu128-python312"
@@ -807,7 +818,7 @@ target "test-linux-sageattention-pytorch27-cu128-python312" {
 
 # sageattention-2.2.0-260.126-cp39-cp39-linux_x86_64.whl: torch 2.6.0, CUDA 12.6, Python 3.9, archs 8.0;8.6;8.9;9.0a
 target "linux-sageattention-pytorch26-cu126-python39" {
-  inherits = ["_cu126"]
+  inherits = ["_linux", "_cu126"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch26-cu126-python39"
@@ -824,7 +835,7 @@ target "test-linux-sageattention-pytorch26-cu126-python39" {
 
 # sageattention-2.2.0-260.126-cp310-cp310-linux_x86_64.whl: torch 2.6.0, CUDA 12.6, Python 3.10, archs 8.0;8.6;8.9;9.0a
 target "linux-sageattention-pytorch26-cu126-python310" {
-  inherits = ["_cu126"]
+  inherits = ["_linux", "_cu126"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch26-cu126-python310"
@@ -841,7 +852,7 @@ target "test-linux-sageattention-pytorch26-cu126-python310" {
 
 # sageattention-2.2.0-260.126-cp311-cp311-linux_x86_64.whl: torch 2.6.0, CUDA 12.6, Python 3.11, archs 8.0;8.6;8.9;9.0a
 target "linux-sageattention-pytorch26-cu126-python311" {
-  inherits = ["_cu126"]
+  inherits = ["_linux", "_cu126"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch26-cu126-python311"
@@ -858,7 +869,7 @@ target "test-linux-sageattention-pytorch26-cu126-python311" {
 
 # sageattention-2.2.0-270.128-cp310-cp310-linux_x86_64.whl: torch 2.7.0, CUDA 12.8, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch27-cu128-python310" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch27-cu128-python310"
@@ -875,7 +886,7 @@ target "test-linux-sageattention-pytorch27-cu128-python310" {
 
 # sageattention-2.2.0-270.128-cp311-cp311-linux_x86_64.whl: torch 2.7.0, CUDA 12.8, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch27-cu128-python311" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch27-cu128-python311"
@@ -892,7 +903,7 @@ target "test-linux-sageattention-pytorch27-cu128-python311" {
 
 # sageattention-2.2.0-280.129-cp310-cp310-linux_x86_64.whl: torch 2.8.0, CUDA 12.9, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch28-cu129-python310" {
-  inherits = ["_cu129"]
+  inherits = ["_linux", "_cu129"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch28-cu129-python310"
@@ -909,7 +920,7 @@ target "test-linux-sageattention-pytorch28-cu129-python310" {
 
 # sageattention-2.2.0-280.129-cp311-cp311-linux_x86_64.whl: torch 2.8.0, CUDA 12.9, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch28-cu129-python311" {
-  inherits = ["_cu129"]
+  inherits = ["_linux", "_cu129"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch28-cu129-python311"
@@ -926,7 +937,7 @@ target "test-linux-sageattention-pytorch28-cu129-python311" {
 
 # sageattention-2.2.0-280.128-cp312-cp312-linux_x86_64.whl: torch 2.8.0, CUDA 12.8, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch28-cu128-python312" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch28-cu128-python312"
@@ -943,7 +954,7 @@ target "test-linux-sageattention-pytorch28-cu128-python312" {
 
 # sageattention-2.2.0-290.128-cp312-cp312-linux_x86_64.whl: torch 2.9.0, CUDA 12.8, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch29-cu128-python312" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch29-cu128-python312"
@@ -960,7 +971,7 @@ target "test-linux-sageattention-pytorch29-cu128-python312" {
 
 # sageattention-2.2.0-2141.130-cp312-cp312-linux_x86_64.whl: torch 2.14.1, CUDA 13.0, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch2141-cu130-python312" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch2141-cu130-python312"
@@ -977,7 +988,7 @@ target "test-linux-sageattention-pytorch2141-cu130-python312" {
 
 # sageattention-2.2.0-290.128-cp310-cp310-linux_x86_64.whl: torch 2.9.0, CUDA 12.8, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch29-cu128-python310" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch29-cu128-python310"
@@ -994,7 +1005,7 @@ target "test-linux-sageattention-pytorch29-cu128-python310" {
 
 # sageattention-2.2.0-290.128-cp311-cp311-linux_x86_64.whl: torch 2.9.0, CUDA 12.8, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch29-cu128-python311" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch29-cu128-python311"
@@ -1011,7 +1022,7 @@ target "test-linux-sageattention-pytorch29-cu128-python311" {
 
 # sageattention-2.2.0-290.128-cp313-cp313-linux_x86_64.whl: torch 2.9.0, CUDA 12.8, Python 3.13, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch29-cu128-python313" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch29-cu128-python313"
@@ -1028,7 +1039,7 @@ target "test-linux-sageattention-pytorch29-cu128-python313" {
 
 # sageattention-2.2.0-290.128-cp314-cp314-linux_x86_64.whl: torch 2.9.0, CUDA 12.8, Python 3.14, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch29-cu128-python314" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch29-cu128-python314"
@@ -1045,7 +1056,7 @@ target "test-linux-sageattention-pytorch29-cu128-python314" {
 
 # sageattention-2.2.0-290.130-cp310-cp310-linux_x86_64.whl: torch 2.9.0, CUDA 13.0, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch29-cu130-python310" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch29-cu130-python310"
@@ -1062,7 +1073,7 @@ target "test-linux-sageattention-pytorch29-cu130-python310" {
 
 # sageattention-2.2.0-290.130-cp311-cp311-linux_x86_64.whl: torch 2.9.0, CUDA 13.0, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch29-cu130-python311" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch29-cu130-python311"
@@ -1079,7 +1090,7 @@ target "test-linux-sageattention-pytorch29-cu130-python311" {
 
 # sageattention-2.2.0-290.130-cp312-cp312-linux_x86_64.whl: torch 2.9.0, CUDA 13.0, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch29-cu130-python312" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch29-cu130-python312"
@@ -1096,7 +1107,7 @@ target "test-linux-sageattention-pytorch29-cu130-python312" {
 
 # sageattention-2.2.0-290.130-cp313-cp313-linux_x86_64.whl: torch 2.9.0, CUDA 13.0, Python 3.13, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch29-cu130-python313" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch29-cu130-python313"
@@ -1113,7 +1124,7 @@ target "test-linux-sageattention-pytorch29-cu130-python313" {
 
 # sageattention-2.2.0-290.130-cp314-cp314-linux_x86_64.whl: torch 2.9.0, CUDA 13.0, Python 3.14, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch29-cu130-python314" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch29-cu130-python314"
@@ -1130,7 +1141,7 @@ target "test-linux-sageattention-pytorch29-cu130-python314" {
 
 # sageattention-2.2.0-2100.128-cp310-cp310-linux_x86_64.whl: torch 2.10.0, CUDA 12.8, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch210-cu128-python310" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch210-cu128-python310"
@@ -1147,7 +1158,7 @@ target "test-linux-sageattention-pytorch210-cu128-python310" {
 
 # sageattention-2.2.0-2100.128-cp311-cp311-linux_x86_64.whl: torch 2.10.0, CUDA 12.8, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch210-cu128-python311" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch210-cu128-python311"
@@ -1164,7 +1175,7 @@ target "test-linux-sageattention-pytorch210-cu128-python311" {
 
 # sageattention-2.2.0-2100.128-cp312-cp312-linux_x86_64.whl: torch 2.10.0, CUDA 12.8, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch210-cu128-python312" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch210-cu128-python312"
@@ -1181,7 +1192,7 @@ target "test-linux-sageattention-pytorch210-cu128-python312" {
 
 # sageattention-2.2.0-2100.128-cp313-cp313-linux_x86_64.whl: torch 2.10.0, CUDA 12.8, Python 3.13, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch210-cu128-python313" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch210-cu128-python313"
@@ -1198,7 +1209,7 @@ target "test-linux-sageattention-pytorch210-cu128-python313" {
 
 # sageattention-2.2.0-2100.128-cp314-cp314-linux_x86_64.whl: torch 2.10.0, CUDA 12.8, Python 3.14, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch210-cu128-python314" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch210-cu128-python314"
@@ -1215,7 +1226,7 @@ target "test-linux-sageattention-pytorch210-cu128-python314" {
 
 # sageattention-2.2.0-2100.130-cp310-cp310-linux_x86_64.whl: torch 2.10.0, CUDA 13.0, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch210-cu130-python310" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch210-cu130-python310"
@@ -1232,7 +1243,7 @@ target "test-linux-sageattention-pytorch210-cu130-python310" {
 
 # sageattention-2.2.0-2100.130-cp311-cp311-linux_x86_64.whl: torch 2.10.0, CUDA 13.0, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch210-cu130-python311" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch210-cu130-python311"
@@ -1249,7 +1260,7 @@ target "test-linux-sageattention-pytorch210-cu130-python311" {
 
 # sageattention-2.2.0-2100.130-cp312-cp312-linux_x86_64.whl: torch 2.10.0, CUDA 13.0, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch210-cu130-python312" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch210-cu130-python312"
@@ -1266,7 +1277,7 @@ target "test-linux-sageattention-pytorch210-cu130-python312" {
 
 # sageattention-2.2.0-2100.130-cp313-cp313-linux_x86_64.whl: torch 2.10.0, CUDA 13.0, Python 3.13, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch210-cu130-python313" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch210-cu130-python313"
@@ -1283,7 +1294,7 @@ target "test-linux-sageattention-pytorch210-cu130-python313" {
 
 # sageattention-2.2.0-2100.130-cp314-cp314-linux_x86_64.whl: torch 2.10.0, CUDA 13.0, Python 3.14, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch210-cu130-python314" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch210-cu130-python314"
@@ -1300,7 +1311,7 @@ target "test-linux-sageattention-pytorch210-cu130-python314" {
 
 # sageattention-2.2.0-2110.128-cp310-cp310-linux_x86_64.whl: torch 2.11.0, CUDA 12.8, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch211-cu128-python310" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch211-cu128-python310"
@@ -1317,7 +1328,7 @@ target "test-linux-sageattention-pytorch211-cu128-python310" {
 
 # sageattention-2.2.0-2110.128-cp311-cp311-linux_x86_64.whl: torch 2.11.0, CUDA 12.8, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch211-cu128-python311" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch211-cu128-python311"
@@ -1334,7 +1345,7 @@ target "test-linux-sageattention-pytorch211-cu128-python311" {
 
 # sageattention-2.2.0-2110.128-cp312-cp312-linux_x86_64.whl: torch 2.11.0, CUDA 12.8, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch211-cu128-python312" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch211-cu128-python312"
@@ -1351,7 +1362,7 @@ target "test-linux-sageattention-pytorch211-cu128-python312" {
 
 # sageattention-2.2.0-2110.128-cp313-cp313-linux_x86_64.whl: torch 2.11.0, CUDA 12.8, Python 3.13, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch211-cu128-python313" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch211-cu128-python313"
@@ -1368,7 +1379,7 @@ target "test-linux-sageattention-pytorch211-cu128-python313" {
 
 # sageattention-2.2.0-2110.128-cp314-cp314-linux_x86_64.whl: torch 2.11.0, CUDA 12.8, Python 3.14, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch211-cu128-python314" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch211-cu128-python314"
@@ -1385,7 +1396,7 @@ target "test-linux-sageattention-pytorch211-cu128-python314" {
 
 # sageattention-2.2.0-2110.130-cp310-cp310-linux_x86_64.whl: torch 2.11.0, CUDA 13.0, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch211-cu130-python310" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch211-cu130-python310"
@@ -1402,7 +1413,7 @@ target "test-linux-sageattention-pytorch211-cu130-python310" {
 
 # sageattention-2.2.0-2110.130-cp311-cp311-linux_x86_64.whl: torch 2.11.0, CUDA 13.0, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch211-cu130-python311" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch211-cu130-python311"
@@ -1419,7 +1430,7 @@ target "test-linux-sageattention-pytorch211-cu130-python311" {
 
 # sageattention-2.2.0-2110.130-cp312-cp312-linux_x86_64.whl: torch 2.11.0, CUDA 13.0, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch211-cu130-python312" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch211-cu130-python312"
@@ -1436,7 +1447,7 @@ target "test-linux-sageattention-pytorch211-cu130-python312" {
 
 # sageattention-2.2.0-2110.130-cp313-cp313-linux_x86_64.whl: torch 2.11.0, CUDA 13.0, Python 3.13, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch211-cu130-python313" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch211-cu130-python313"
@@ -1453,7 +1464,7 @@ target "test-linux-sageattention-pytorch211-cu130-python313" {
 
 # sageattention-2.2.0-2110.130-cp314-cp314-linux_x86_64.whl: torch 2.11.0, CUDA 13.0, Python 3.14, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch211-cu130-python314" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch211-cu130-python314"
@@ -1470,7 +1481,7 @@ target "test-linux-sageattention-pytorch211-cu130-python314" {
 
 # sageattention-2.2.0-2121.128-cp310-cp310-linux_x86_64.whl: torch 2.12.1, CUDA 12.8, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch2121-cu128-python310" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch2121-cu128-python310"
@@ -1487,7 +1498,7 @@ target "test-linux-sageattention-pytorch2121-cu128-python310" {
 
 # sageattention-2.2.0-2121.128-cp311-cp311-linux_x86_64.whl: torch 2.12.1, CUDA 12.8, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch2121-cu128-python311" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch2121-cu128-python311"
@@ -1504,7 +1515,7 @@ target "test-linux-sageattention-pytorch2121-cu128-python311" {
 
 # sageattention-2.2.0-2121.128-cp312-cp312-linux_x86_64.whl: torch 2.12.1, CUDA 12.8, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch2121-cu128-python312" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch2121-cu128-python312"
@@ -1521,7 +1532,7 @@ target "test-linux-sageattention-pytorch2121-cu128-python312" {
 
 # sageattention-2.2.0-2121.128-cp313-cp313-linux_x86_64.whl: torch 2.12.1, CUDA 12.8, Python 3.13, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch2121-cu128-python313" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch2121-cu128-python313"
@@ -1538,7 +1549,7 @@ target "test-linux-sageattention-pytorch2121-cu128-python313" {
 
 # sageattention-2.2.0-2121.128-cp314-cp314-linux_x86_64.whl: torch 2.12.1, CUDA 12.8, Python 3.14, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch2121-cu128-python314" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch2121-cu128-python314"
@@ -1555,7 +1566,7 @@ target "test-linux-sageattention-pytorch2121-cu128-python314" {
 
 # sageattention-2.2.0-2121.130-cp310-cp310-linux_x86_64.whl: torch 2.12.1, CUDA 13.0, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch2121-cu130-python310" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch2121-cu130-python310"
@@ -1572,7 +1583,7 @@ target "test-linux-sageattention-pytorch2121-cu130-python310" {
 
 # sageattention-2.2.0-2121.130-cp311-cp311-linux_x86_64.whl: torch 2.12.1, CUDA 13.0, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch2121-cu130-python311" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch2121-cu130-python311"
@@ -1589,7 +1600,7 @@ target "test-linux-sageattention-pytorch2121-cu130-python311" {
 
 # sageattention-2.2.0-2121.130-cp312-cp312-linux_x86_64.whl: torch 2.12.1, CUDA 13.0, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch2121-cu130-python312" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch2121-cu130-python312"
@@ -1606,7 +1617,7 @@ target "test-linux-sageattention-pytorch2121-cu130-python312" {
 
 # sageattention-2.2.0-2121.130-cp313-cp313-linux_x86_64.whl: torch 2.12.1, CUDA 13.0, Python 3.13, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch2121-cu130-python313" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch2121-cu130-python313"
@@ -1623,7 +1634,7 @@ target "test-linux-sageattention-pytorch2121-cu130-python313" {
 
 # sageattention-2.2.0-2121.130-cp314-cp314-linux_x86_64.whl: torch 2.12.1, CUDA 13.0, Python 3.14, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch2121-cu130-python314" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch2121-cu130-python314"
@@ -1640,7 +1651,7 @@ target "test-linux-sageattention-pytorch2121-cu130-python314" {
 
 # sageattention-2.2.0-2130.128-cp310-cp310-linux_x86_64.whl: torch 2.13.0, CUDA 12.8, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch213-cu128-python310" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch213-cu128-python310"
@@ -1657,7 +1668,7 @@ target "test-linux-sageattention-pytorch213-cu128-python310" {
 
 # sageattention-2.2.0-2130.128-cp311-cp311-linux_x86_64.whl: torch 2.13.0, CUDA 12.8, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch213-cu128-python311" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch213-cu128-python311"
@@ -1674,7 +1685,7 @@ target "test-linux-sageattention-pytorch213-cu128-python311" {
 
 # sageattention-2.2.0-2130.128-cp312-cp312-linux_x86_64.whl: torch 2.13.0, CUDA 12.8, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch213-cu128-python312" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch213-cu128-python312"
@@ -1691,7 +1702,7 @@ target "test-linux-sageattention-pytorch213-cu128-python312" {
 
 # sageattention-2.2.0-2130.128-cp313-cp313-linux_x86_64.whl: torch 2.13.0, CUDA 12.8, Python 3.13, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch213-cu128-python313" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch213-cu128-python313"
@@ -1708,7 +1719,7 @@ target "test-linux-sageattention-pytorch213-cu128-python313" {
 
 # sageattention-2.2.0-2130.128-cp314-cp314-linux_x86_64.whl: torch 2.13.0, CUDA 12.8, Python 3.14, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch213-cu128-python314" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch213-cu128-python314"
@@ -1725,7 +1736,7 @@ target "test-linux-sageattention-pytorch213-cu128-python314" {
 
 # sageattention-2.2.0-2130.130-cp310-cp310-linux_x86_64.whl: torch 2.13.0, CUDA 13.0, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch213-cu130-python310" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch213-cu130-python310"
@@ -1742,7 +1753,7 @@ target "test-linux-sageattention-pytorch213-cu130-python310" {
 
 # sageattention-2.2.0-2130.130-cp311-cp311-linux_x86_64.whl: torch 2.13.0, CUDA 13.0, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch213-cu130-python311" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch213-cu130-python311"
@@ -1759,7 +1770,7 @@ target "test-linux-sageattention-pytorch213-cu130-python311" {
 
 # sageattention-2.2.0-2130.130-cp312-cp312-linux_x86_64.whl: torch 2.13.0, CUDA 13.0, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch213-cu130-python312" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch213-cu130-python312"
@@ -1776,7 +1787,7 @@ target "test-linux-sageattention-pytorch213-cu130-python312" {
 
 # sageattention-2.2.0-2130.130-cp313-cp313-linux_x86_64.whl: torch 2.13.0, CUDA 13.0, Python 3.13, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch213-cu130-python313" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch213-cu130-python313"
@@ -1793,7 +1804,7 @@ target "test-linux-sageattention-pytorch213-cu130-python313" {
 
 # sageattention-2.2.0-2130.130-cp314-cp314-linux_x86_64.whl: torch 2.13.0, CUDA 13.0, Python 3.14, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch213-cu130-python314" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch213-cu130-python314"
@@ -1810,7 +1821,7 @@ target "test-linux-sageattention-pytorch213-cu130-python314" {
 
 # sageattention-2.2.0-2141.128-cp310-cp310-linux_x86_64.whl: torch 2.14.1, CUDA 12.8, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch2141-cu128-python310" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch2141-cu128-python310"
@@ -1827,7 +1838,7 @@ target "test-linux-sageattention-pytorch2141-cu128-python310" {
 
 # sageattention-2.2.0-2141.128-cp311-cp311-linux_x86_64.whl: torch 2.14.1, CUDA 12.8, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch2141-cu128-python311" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch2141-cu128-python311"
@@ -1844,7 +1855,7 @@ target "test-linux-sageattention-pytorch2141-cu128-python311" {
 
 # sageattention-2.2.0-2141.128-cp312-cp312-linux_x86_64.whl: torch 2.14.1, CUDA 12.8, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch2141-cu128-python312" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch2141-cu128-python312"
@@ -1861,7 +1872,7 @@ target "test-linux-sageattention-pytorch2141-cu128-python312" {
 
 # sageattention-2.2.0-2141.128-cp313-cp313-linux_x86_64.whl: torch 2.14.1, CUDA 12.8, Python 3.13, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch2141-cu128-python313" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch2141-cu128-python313"
@@ -1878,7 +1889,7 @@ target "test-linux-sageattention-pytorch2141-cu128-python313" {
 
 # sageattention-2.2.0-2141.128-cp314-cp314-linux_x86_64.whl: torch 2.14.1, CUDA 12.8, Python 3.14, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch2141-cu128-python314" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch2141-cu128-python314"
@@ -1895,7 +1906,7 @@ target "test-linux-sageattention-pytorch2141-cu128-python314" {
 
 # sageattention-2.2.0-2141.130-cp310-cp310-linux_x86_64.whl: torch 2.14.1, CUDA 13.0, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch2141-cu130-python310" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch2141-cu130-python310"
@@ -1912,7 +1923,7 @@ target "test-linux-sageattention-pytorch2141-cu130-python310" {
 
 # sageattention-2.2.0-2141.130-cp311-cp311-linux_x86_64.whl: torch 2.14.1, CUDA 13.0, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch2141-cu130-python311" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch2141-cu130-python311"
@@ -1929,7 +1940,7 @@ target "test-linux-sageattention-pytorch2141-cu130-python311" {
 
 # sageattention-2.2.0-2141.130-cp313-cp313-linux_x86_64.whl: torch 2.14.1, CUDA 13.0, Python 3.13, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch2141-cu130-python313" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch2141-cu130-python313"
@@ -1946,7 +1957,7 @@ target "test-linux-sageattention-pytorch2141-cu130-python313" {
 
 # sageattention-2.2.0-2141.130-cp314-cp314-linux_x86_64.whl: torch 2.14.1, CUDA 13.0, Python 3.14, archs 8.0;8.6;8.9;9.0a;12.0a
 target "linux-sageattention-pytorch2141-cu130-python314" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch2141-cu130-python314"
@@ -1963,7 +1974,7 @@ target "test-linux-sageattention-pytorch2141-cu130-python314" {
 
 # sageattention-2.2.0-2141.130-cp311-cp311-linux_x86_64.whl: torch 2.14.1, CUDA 13.0, Python 3.11, archs 9.0a
 target "linux-sageattention-pytorch2141-cu130-python311-sm90a" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattention-pytorch2141-cu130-python311-sm90a"
@@ -1980,7 +1991,7 @@ target "test-linux-sageattention-pytorch2141-cu130-python311-sm90a" {
 
 # sageattn3-1.0.0+cu128torch2.9.0-cp312-cp312-linux_x86_64.whl: torch 2.9.0, CUDA 12.8, Python 3.12, archs 10.0a;12.0a
 target "linux-sageattn3-pytorch29-cu128-python312" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattn3-pytorch29-cu128-python312"
@@ -1997,7 +2008,7 @@ target "test-linux-sageattn3-pytorch29-cu128-python312" {
 
 # sageattn3-1.0.0+cu130torch2.9.0-cp312-cp312-linux_x86_64.whl: torch 2.9.0, CUDA 13.0, Python 3.12, archs 10.0a;12.0a
 target "linux-sageattn3-pytorch29-cu130-python312" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattn3-pytorch29-cu130-python312"
@@ -2014,7 +2025,7 @@ target "test-linux-sageattn3-pytorch29-cu130-python312" {
 
 # sageattn3-1.0.0+cu128torch2.14.1-cp312-cp312-linux_x86_64.whl: torch 2.14.1, CUDA 12.8, Python 3.12, archs 10.0a;12.0a
 target "linux-sageattn3-pytorch2141-cu128-python312" {
-  inherits = ["_cu128"]
+  inherits = ["_linux", "_cu128"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattn3-pytorch2141-cu128-python312"
@@ -2031,7 +2042,7 @@ target "test-linux-sageattn3-pytorch2141-cu128-python312" {
 
 # sageattn3-1.0.0+cu130torch2.14.1-cp312-cp312-linux_x86_64.whl: torch 2.14.1, CUDA 13.0, Python 3.12, archs 10.0a;12.0a
 target "linux-sageattn3-pytorch2141-cu130-python312" {
-  inherits = ["_cu130"]
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
     BUILD_ID   = "linux-sageattn3-pytorch2141-cu130-python312"

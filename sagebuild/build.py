@@ -366,6 +366,34 @@ def auto_target(
 # ----------------------------------------------------------------------------------------------------
 # Steps
 
+#: pip settings that point it at an index of the caller's choosing (which may serve any CUDA build).
+PIP_INDEX_VARIABLES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS")
+
+
+def check_torch_source(
+    matrix: Matrix, target: Target | None, options: BuildOptions, environ: Mapping[str, str] | None = None
+) -> None:
+    """Refuse, before anything is installed, a build whose torch the plain package index does not
+    serve (``registry_cuda`` in build-matrix.yaml) when no index for it was given."""
+    environ = os.environ if environ is None else environ
+    if target is None or options.use_current_env:
+        return  # no torch to install (the current environment's is checked as it is)
+    if envs.torch_index(cuda_tag(target.cuda), options.index_url):
+        return
+    if any(environ.get(name, "").strip() for name in PIP_INDEX_VARIABLES):
+        return  # pip was pointed at an index on purpose; the installed torch is checked after
+    served = matrix.torch_release(target.torch).registry_cuda.get(target.platform)
+    if served == target.cuda:
+        return
+    what = f"its CUDA {served} build" if served else "only its CPU build"
+    raise SagebuildError(
+        f"{target.id} needs torch {target.torch} built for CUDA {target.cuda}, but the plain package "
+        f"index serves {what} on {target.platform} (registry_cuda in build-matrix.yaml). Set "
+        f"SAGEBUILD_TORCH_INDEX to the address of PyTorch's per-CUDA wheel index with {{cuda_tag}} in "
+        f"place of the CUDA part ({cuda_tag(target.cuda)} here), or pass --index-url with the "
+        f"{cuda_tag(target.cuda)} index itself (or set PIP_INDEX_URL). Nothing was installed."
+    )
+
 
 def prepare_env(
     matrix: Matrix,
@@ -741,6 +769,7 @@ def build(matrix: Matrix, options: BuildOptions) -> Path:
         raise SagebuildError(
             f"{target.id} is a {target.platform} build; this machine builds {envs.current_platform()} wheels"
         )
+    check_torch_source(matrix, target, options)
     version = target.python if target else f"{sys.version_info[0]}.{sys.version_info[1]}"
     if target:
         progress.log(f"sagebuild build {target.id}")

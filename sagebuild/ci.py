@@ -6,6 +6,7 @@ push to main -> ``stable``, tag ``v*`` -> ``sage2-all`` + ``sage3-all`` and a re
 chosen profile). ``python -m sagebuild ci-env --target ID`` says where that build's toolkit comes from.
 ``python -m sagebuild ci-msvc`` checks, on a Windows runner, that the image's MSVC is one the installed
 CUDA toolkit accepts. All three print ``key=value`` lines, ready to append to ``$GITHUB_OUTPUT``.
+``ci-result`` and ``ci-summary`` make the build summary: a table of every build and its result.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def toolkit_plan(matrix: Matrix, target: Target) -> ToolkitPlan:
     also registers the MSVC integration."""
     release = toolkit_release(matrix, target.cuda)
     cuda = matrix.cuda_release(target.cuda)
-    if target.platform == "windows":
+    if matrix.platform(target.platform).system == "Windows":
         packages = _WINDOWS_PACKAGES_13 if _vkey(target.cuda) >= (13, 0) else _WINDOWS_PACKAGES_12
         return ToolkitPlan(
             "installer", release, "network", packages, "Windows: the CUDA installer with MSVC integration"
@@ -228,6 +229,101 @@ def _print_outputs(values: dict[str, str]) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------
+# The build summary (seed 003's build-summary job): every planned build and its result, as a table
+#
+# Each build job ends, whatever happened, with ``ci-result``: a small JSON file with its build id, the
+# job's status and the wheel it made, uploaded as artifact ``result-<build id>``. The summary job
+# downloads them all and ``ci-summary`` lists the plan from the matrix (the same builds `plan --system`
+# gave the job matrix), each with its result; a build without a result file is "no result" (its job
+# never ran, or stopped before reporting).
+
+RESULT_ARTIFACT_PREFIX = "result-"
+RESULT_LABELS = {
+    "success": "✅ success",
+    "failure": "❌ failure",
+    "cancelled": "⚪ cancelled",
+    "skipped": "⚪ skipped",
+}
+NO_RESULT = "⚠️ no result"
+
+
+def system_targets(matrix: Matrix, profile: str, package: str | None, system: str) -> list[Target]:
+    """The builds of a profile (and package) on every platform of a system: one build workflow's plan."""
+    if profile not in matrix.profiles:
+        raise UsageError(f"unknown profile {profile!r}; valid profiles: {', '.join(matrix.profiles)}")
+    systems = {p.system for p in matrix.platforms.values()}
+    if system not in systems:
+        raise UsageError(f"unknown system {system!r}; the matrix's systems: {', '.join(sorted(systems))}")
+    targets = matrix.profile_targets(profile, package=package)
+    return [t for t in targets if matrix.platforms[t.platform].system == system]
+
+
+def write_result(matrix: Matrix, build_id: str, status: str, dist: Path | None, out: Path) -> Path:
+    """``out/<build id>.json``: the job's status and the wheels it left in ``dist``."""
+    target = matrix.find_target(build_id)
+    status = status.strip().lower()
+    if status not in RESULT_LABELS:
+        raise UsageError(f"job status {status!r}: expected one of {', '.join(RESULT_LABELS)}")
+    wheels = sorted(p.name for p in dist.glob("*.whl")) if dist is not None and dist.is_dir() else []
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{target.id}.json"
+    record = {"id": target.id, "result": status, "wheels": wheels}
+    path.write_text(json.dumps(record, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def read_results(folder: Path | None) -> dict[str, dict]:
+    """Build id -> result record, from the ``*.json`` files under ``folder`` (any depth: one folder per
+    artifact or all merged)."""
+    results: dict[str, dict] = {}
+    if folder is None or not folder.is_dir():
+        return results
+    for path in sorted(folder.rglob("*.json")):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("id"), str):
+            results[record["id"]] = record
+    return results
+
+
+def render_summary(
+    matrix: Matrix, profile: str, package: str | None, system: str, results_dir: Path | None
+) -> str:
+    """Markdown for $GITHUB_STEP_SUMMARY: one row per planned build with its versions and result."""
+    targets = system_targets(matrix, profile, package, system)
+    results = read_results(results_dir)
+    counts: dict[str, int] = {}
+    rows = []
+    for target in targets:
+        record = results.get(target.id)
+        status = record.get("result") if record else None
+        label = RESULT_LABELS.get(status or "", NO_RESULT)
+        counts[label] = counts.get(label, 0) + 1
+        made = (record or {}).get("wheels") or []
+        wheel = ", ".join(f"`{w}`" for w in made) if made else f"`{target.wheel_name}` (planned)"
+        cells = [f"`{target.id}`", target.torch, target.cuda, target.python, target.arch_list, wheel, label]
+        rows.append("| " + " | ".join(cells) + " |")
+    what = f"{package or 'every package'}, profile `{profile}`, {system}"
+    lines = [f"### Build summary: {what}", ""]
+    if not targets:
+        lines.append(f"No builds: profile `{profile}` has none for {package or 'any package'} on {system}.")
+        return "\n".join(lines) + "\n"
+    tally = ", ".join(f"{n} {label}" for label, n in counts.items())
+    lines += [f"{len(targets)} builds: {tally}", ""]
+    lines += ["| build | PyTorch | CUDA | Python | archs | wheel | result |", "|---|---|---|---|---|---|---|"]
+    lines += rows
+    unplanned = sorted(set(results) - {t.id for t in targets})
+    if unplanned:
+        lines += [
+            "",
+            "Results for builds that are not in this plan: " + ", ".join(f"`{i}`" for i in unplanned),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------------------
 # command line
 
 
@@ -250,6 +346,22 @@ def cmd_ci_env(args: argparse.Namespace) -> int:
     # SAGEBUILD_TORCH_INDEX expanded for this build's CUDA (empty: pip's configured index)
     values["torch-index"] = envs.torch_index(tags.cuda_tag(target.cuda)) or ""
     _print_outputs(values)
+    return 0
+
+
+def cmd_ci_result(args: argparse.Namespace) -> int:
+    matrix = Matrix.load(args.matrix)
+    path = write_result(
+        matrix, args.target, args.status, Path(args.dist) if args.dist else None, Path(args.out)
+    )
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_ci_summary(args: argparse.Namespace) -> int:
+    matrix = Matrix.load(args.matrix)
+    results = Path(args.results) if args.results else None
+    print(render_summary(matrix, args.profile, args.package or None, args.system, results), end="")
     return 0
 
 
@@ -277,9 +389,40 @@ def register(sub: argparse._SubParsersAction) -> None:
     env = sub.add_parser(
         "ci-env",
         help="CI: where one build's CUDA toolkit comes from (key=value lines for $GITHUB_OUTPUT)",
+        description="For one build id: whether its CUDA toolkit comes from pip packages (sagebuild "
+        "installs them) or from the CUDA installer (release, method, sub-packages), why, and the torch "
+        "index SAGEBUILD_TORCH_INDEX gives for its CUDA.",
     )
     env.add_argument("--target", required=True, help="a build id from `plan`")
     env.set_defaults(func=cmd_ci_env)
+
+    result = sub.add_parser(
+        "ci-result",
+        help="CI: record one build job's result for the build summary",
+        description="Write OUT/<build id>.json with the job's status (success, failure, cancelled) and "
+        "the wheels in --dist; the build job uploads it, whatever happened, for `ci-summary`.",
+    )
+    result.add_argument("--target", required=True, help="the build id of the job")
+    result.add_argument("--status", required=True, help="the job's status (job.status)")
+    result.add_argument("--dist", help="the folder the job's wheels went to")
+    result.add_argument("--out", required=True, help="folder to write the result file into")
+    result.set_defaults(func=cmd_ci_result)
+
+    summary = sub.add_parser(
+        "ci-summary",
+        help="CI: a Markdown table of every build of a plan and its result (for $GITHUB_STEP_SUMMARY)",
+        description="List the builds of --profile (and --package) on the platforms of --system, as `plan "
+        "--system` gives them to the build jobs, with torch, CUDA, Python, archs, the wheel and the "
+        "result each job recorded with `ci-result` (found under --results); a build without one is "
+        "shown as having no result.",
+    )
+    summary.add_argument("--profile", required=True, help="the profile the workflow built")
+    summary.add_argument("--package", default="", help="the package the workflow built (default: every one)")
+    summary.add_argument(
+        "--system", required=True, help="the system of the workflow's platforms (Linux, Windows)"
+    )
+    summary.add_argument("--results", help="folder holding the result files (missing: no results)")
+    summary.set_defaults(func=cmd_ci_summary)
 
     msvc = sub.add_parser(
         "ci-msvc",

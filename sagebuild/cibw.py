@@ -25,7 +25,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from . import envs, tags
-from .bake import TOOLCHAIN_IMAGE
+from .bake import toolchain_image
 from .build import AUDITWHEEL_EXCLUDES, WINDOWS_PROVIDED_DLLS
 from .errors import SagebuildError, UsageError
 from .matrix import Matrix, Target, read_build_requires
@@ -33,14 +33,26 @@ from .matrix import Matrix, Target, read_build_requires
 VERSION_CONFIG = "sagebuild-version.cfg"  # sageattn3's local version, through DIST_EXTRA_CONFIG
 
 
+def machine(target: Target) -> str:
+    """cibuildwheel's arch of a build, from its wheel platform tag: linux_x86_64 -> x86_64,
+    linux_aarch64 -> aarch64, win_amd64 -> AMD64, win_arm64 -> ARM64."""
+    system, _, arch = target.wheel_platform.partition("_")
+    if system == "linux" and arch:
+        return arch
+    if system == "win" and arch:
+        return arch.upper()
+    raise UsageError(
+        f"{target.id}: no cibuildwheel arch for wheel platform {target.wheel_platform!r} "
+        "(cibuildwheel configuration covers linux_* and win_* wheels)"
+    )
+
+
 def identifier(target: Target) -> str:
     """cibuildwheel's build identifier: ``cp312-manylinux_x86_64`` / ``cp312-win_amd64``."""
-    tag = target.python_tag
-    if target.platform == "linux":
-        return f"{tag}-manylinux_x86_64"
-    if target.platform == "windows":
-        return f"{tag}-win_amd64"
-    raise UsageError(f"cibuildwheel configuration for platform {target.platform!r} is not defined")
+    arch = machine(target)
+    if target.wheel_platform.startswith("linux_"):
+        return f"{target.python_tag}-manylinux_{arch}"
+    return f"{target.python_tag}-{target.wheel_platform}"
 
 
 def _requirements_for(requirements: Sequence[str], python: str, system: str) -> list[str]:
@@ -94,7 +106,7 @@ def config_for(matrix: Matrix, targets: Sequence[Target], index_url: str | None 
         raise UsageError("two targets build the same Python")
     package = matrix.package(first.package)
     platform = matrix.platform(first.platform)
-    windows = first.platform == "windows"
+    windows = platform.system == "Windows"
     pyproject = matrix.root / package.source_dir / "pyproject.toml"
     if not pyproject.is_file():
         raise SagebuildError(f"{package.name}: {pyproject} does not exist (its sources are not here)")
@@ -103,7 +115,7 @@ def config_for(matrix: Matrix, targets: Sequence[Target], index_url: str | None 
 
     pins = read_build_requires(pyproject) + list(matrix.build_env)
     if windows:
-        pins += list(matrix.tools.get("windows", ()))
+        pins += list(matrix.tools.get(first.platform, ()))
     environment = {
         "SAGEATTENTION_BUILD_CUDA": "1",
         "TORCH_CUDA_ARCH_LIST": first.arch_list,
@@ -130,7 +142,7 @@ def config_for(matrix: Matrix, targets: Sequence[Target], index_url: str | None 
     commands = list(before_build.values())
     options: dict = {
         "build": " ".join(ids),
-        "archs": ["AMD64"] if windows else ["x86_64"],
+        "archs": [machine(first)],
         "build-frontend": {"name": "build", "args": ["--no-isolation"]},
         "before-build": commands[0],
         "environment": environment,
@@ -143,7 +155,7 @@ def config_for(matrix: Matrix, targets: Sequence[Target], index_url: str | None 
         options["repair-wheel-command"] = f'delvewheel repair --no-dll "{dlls}" -w {{dest_dir}} {{wheel}}'
     else:
         excludes = " ".join(f"--exclude {shlex.quote(p)}" for p in AUDITWHEEL_EXCLUDES)
-        options["manylinux-x86_64-image"] = f"{TOOLCHAIN_IMAGE}:{tags.cuda_tag(first.cuda)}"
+        options[f"manylinux-{machine(first)}-image"] = toolchain_image(matrix, first.platform, first.cuda)
         options["repair-wheel-command"] = (
             f"auditwheel repair --plat {platform.repair_platform} {excludes} -w {{dest_dir}} {{wheel}}"
         )
@@ -151,7 +163,7 @@ def config_for(matrix: Matrix, targets: Sequence[Target], index_url: str | None 
         options["overrides"] = [{"select": i, "before-build": cmd} for i, cmd in before_build.items()]
     return {
         "package_dir": package.source_dir,
-        "platform": first.platform,
+        "platform": platform.system.lower(),  # cibuildwheel's --platform: linux, windows
         "identifiers": ids,
         "options": options,
     }
@@ -189,8 +201,8 @@ def as_env(config: dict) -> dict[str, str]:
         out["CIBW_" + key.upper().replace("-", "_")] = options.pop(key)
     out[f"CIBW_ENVIRONMENT{suffix}"] = _env_value(options.pop("environment"))
     out[f"CIBW_REPAIR_WHEEL_COMMAND{suffix}"] = options.pop("repair-wheel-command")
-    if "manylinux-x86_64-image" in options:
-        out["CIBW_MANYLINUX_X86_64_IMAGE"] = options.pop("manylinux-x86_64-image")
+    for key in [k for k in options if k.startswith("manylinux-") and k.endswith("-image")]:
+        out["CIBW_" + key.upper().replace("-", "_")] = options.pop(key)
     if options:
         raise AssertionError(f"options without a variable form: {sorted(options)}")
     return out

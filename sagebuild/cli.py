@@ -34,11 +34,58 @@ def _load(args: argparse.Namespace) -> Matrix:
 # plan
 
 
+def why_no_builds(matrix: Matrix, profile: str, platform: str | None, package: str | None) -> str:
+    """Why ``profile`` narrowed by ``platform`` and ``package`` selects nothing, and what would select
+    something."""
+    spec = matrix.profiles[profile]
+    set_package = matrix.sets[spec.set]["package"]
+    if package is not None and package != set_package:
+        others = [p for p in matrix.profiles if matrix.sets[matrix.profiles[p].set]["package"] == package]
+        return (
+            f"profile {profile} builds {set_package} (its set {spec.set} is for {set_package}), not "
+            f"{package}; the profiles that build {package}: {', '.join(others) or '(none)'}"
+        )
+    if platform is not None and spec.platforms and platform not in spec.platforms:
+        return (
+            f"profile {profile} builds only for {', '.join(spec.platforms)} (its platforms: list), "
+            f"not {platform}"
+        )
+    return f"the filters of profile {profile} leave no build of set {spec.set}"
+
+
+def _check_platform(matrix: Matrix, platform: str | None) -> None:
+    if platform is not None and platform not in matrix.platforms:
+        raise UsageError(
+            f"unknown platform {platform!r}; the matrix's platforms: {', '.join(matrix.platforms)}"
+        )
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     matrix = _load(args)
     if args.profile not in matrix.profiles:
         raise UsageError(f"unknown profile {args.profile!r}; valid profiles: {', '.join(matrix.profiles)}")
+    _check_platform(matrix, args.platform)
+    if args.system is not None and args.platform is not None:
+        raise UsageError("give --platform or --system, not both")
     targets = matrix.profile_targets(args.profile, platform=args.platform, package=args.package)
+    if args.system is not None:
+        systems = {p.system for p in matrix.platforms.values()}
+        if args.system not in systems:
+            raise UsageError(
+                f"unknown system {args.system!r}; the matrix's systems: {', '.join(sorted(systems))}"
+            )
+        targets = [t for t in targets if matrix.platforms[t.platform].system == args.system]
+    if not targets and not args.allow_empty:
+        where = args.platform or (f"{args.system} platforms" if args.system else None)
+        reason = why_no_builds(matrix, args.profile, args.platform, args.package)
+        if args.system and reason.startswith("the filters"):
+            reason = f"profile {args.profile} has no builds for the {args.system} platforms"
+        raise UsageError(
+            f"profile {args.profile} selects no builds"
+            + (f" for {args.package}" if args.package else "")
+            + (f" on {where}" if where else "")
+            + f": {reason} (--allow-empty prints an empty plan instead)"
+        )
     runners = {name: p.runner for name, p in matrix.platforms.items()}
     if args.format == "github":
         print(
@@ -103,7 +150,10 @@ def _targets_for_build(args: argparse.Namespace, matrix: Matrix) -> list[Target 
         platform = envs.current_platform()
         targets = matrix.profile_targets(args.profile, platform=platform, package=args.package)
         if not targets:
-            raise UsageError(f"profile {args.profile} has no {args.package} builds for {platform}")
+            raise UsageError(
+                f"profile {args.profile} has no {args.package} builds for {platform}: "
+                + why_no_builds(matrix, args.profile, platform, args.package)
+            )
         return list(targets)
     cuda_home = Path(args.cuda_home) if args.cuda_home else None
     target = auto_target(
@@ -127,29 +177,34 @@ def _targets_for_build(args: argparse.Namespace, matrix: Matrix) -> list[Target 
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from .build import BuildOptions, build, cache_dir  # noqa: PLC0415
+    from .build import BuildOptions, build, cache_dir, check_torch_source  # noqa: PLC0415
 
     matrix = _load(args)
     targets = _targets_for_build(args, matrix)
-    built = []
+    every = []
     for target in targets:
-        options = BuildOptions(
-            package=args.package,
-            target=target,
-            index_url=args.index_url,
-            cuda_home=Path(args.cuda_home) if args.cuda_home else None,
-            toolkit=args.toolkit,
-            python_exe=args.python_exe,
-            out=Path(args.out),
-            use_current_env=args.use_current_env,
-            fresh_env=args.fresh_env,
-            repair=args.repair,
-            verify=not args.no_verify,
-            smoke=not args.no_smoke,
-            allow_missing_cuobjdump=args.allow_missing_cuobjdump,
-            cache=Path(args.cache_dir).resolve() if args.cache_dir else cache_dir(),
+        every.append(
+            BuildOptions(
+                package=args.package,
+                target=target,
+                index_url=args.index_url,
+                cuda_home=Path(args.cuda_home) if args.cuda_home else None,
+                toolkit=args.toolkit,
+                python_exe=args.python_exe,
+                out=Path(args.out),
+                use_current_env=args.use_current_env,
+                fresh_env=args.fresh_env,
+                repair=args.repair,
+                verify=not args.no_verify,
+                smoke=not args.no_smoke,
+                allow_missing_cuobjdump=args.allow_missing_cuobjdump,
+                cache=Path(args.cache_dir).resolve() if args.cache_dir else cache_dir(),
+            )
         )
-        built.append(build(matrix, options))
+    for options in every:  # every build of a profile, before the first installs anything
+        if options.target is not None and options.target.platform == envs.current_platform():
+            check_torch_source(matrix, options.target, options)
+    built = [build(matrix, options) for options in every]
     if len(built) > 1:
         print(f"built {len(built)} wheels:")
         for path in built:
@@ -215,6 +270,7 @@ def cmd_which(args: argparse.Namespace) -> int:
     from .index import EnvInfo, current_env, which  # noqa: PLC0415
 
     matrix = _load(args)
+    _check_platform(matrix, args.platform)
     env = current_env()
     if args.torch or args.cuda or args.python or args.platform:
         env = EnvInfo(
@@ -248,24 +304,62 @@ def cmd_validate(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------------------------
 
 
-def make_parser() -> argparse.ArgumentParser:
+DEFAULT_MATRIX = REPO_ROOT / "build-matrix.yaml"
+#: Exit status after stdout was closed by its reader (``plan | head``): what a shell reports for a
+#: process ended by SIGPIPE (128 + 13).
+BROKEN_PIPE_EXIT = 141
+
+
+def _help_lists(matrix_path: str | Path) -> dict[str, str]:
+    """Help fragments listing the matrix's profiles and platforms (the matrix given by --matrix)."""
+    try:
+        matrix = Matrix.load(matrix_path)
+    except SagebuildError:
+        return {"profiles": "see the matrix's profiles: section", "platforms": "see its platforms: section"}
+    profiles = ", ".join(matrix.profiles)
+    platforms = ", ".join(f"{n} ({p.wheel_platform})" for n, p in matrix.platforms.items())
+    return {"profiles": profiles, "platforms": platforms}
+
+
+def make_parser(matrix_path: str | Path | None = None) -> argparse.ArgumentParser:
+    lists = _help_lists(matrix_path or DEFAULT_MATRIX)
     parser = argparse.ArgumentParser(
         prog="python -m sagebuild",
         description="Build, name, verify and index SageAttention wheels from build-matrix.yaml.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--matrix", default=str(REPO_ROOT / "build-matrix.yaml"), help="matrix file (default: %(default)s)"
-    )
+    parser.add_argument("--matrix", default=str(DEFAULT_MATRIX), help="matrix file (default: %(default)s)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    plan = sub.add_parser("plan", help="list the builds of a profile")
-    plan.add_argument("--profile", required=True)
-    plan.add_argument("--package", choices=["sageattention", "sageattn3"])
-    plan.add_argument("--platform", choices=["linux", "windows"])
-    plan.add_argument("--format", choices=["text", "json", "github"], default="text")
+    plan = sub.add_parser(
+        "plan",
+        help="list the builds of a profile",
+        description="List the builds (build ids, versions, archs, wheel names) of a profile of the "
+        "matrix. A plan that selects nothing is an error that says why, unless --allow-empty.",
+    )
+    plan.add_argument("--profile", required=True, help=f"the profile: {lists['profiles']}")
+    plan.add_argument(
+        "--package", choices=["sageattention", "sageattn3"], help="only the builds of this package"
+    )
+    plan.add_argument("--platform", help=f"only the builds of this platform: {lists['platforms']}")
+    plan.add_argument(
+        "--system",
+        help="only the builds of the platforms of this system (Linux, Windows): what one CI workflow builds",
+    )
+    plan.add_argument(
+        "--format",
+        choices=["text", "json", "github"],
+        default="text",
+        help='text (default); json; github: one line {"include": [...]} for a job matrix',
+    )
+    plan.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="print an empty plan (exit 0) where the filters select no build (CI: a platform the profile "
+        "does not build)",
+    )
     plan.set_defaults(func=cmd_plan)
 
     build = sub.add_parser(
@@ -280,7 +374,12 @@ def make_parser() -> argparse.ArgumentParser:
     build.add_argument("--torch", help="PyTorch version, e.g. 2.8.0")
     build.add_argument("--cuda", help="CUDA version, e.g. 12.9")
     build.add_argument("--python", help="Python version, e.g. 3.12")
-    build.add_argument("--package", default="sageattention", choices=["sageattention", "sageattn3"])
+    build.add_argument(
+        "--package",
+        default="sageattention",
+        choices=["sageattention", "sageattn3"],
+        help="the package to build (default: %(default)s)",
+    )
     build.add_argument("--archs", help='arch list, e.g. "9.0a" or "8.9;9.0a" (default: the package defaults)')
     build.add_argument(
         "--wheel",
@@ -325,15 +424,36 @@ def make_parser() -> argparse.ArgumentParser:
         const="yes",
         help="require auditwheel repair (Linux) / delvewheel check (Windows), installing the tool",
     )
-    repair.add_argument("--no-repair", dest="repair", action="store_const", const="no")
+    repair.add_argument(
+        "--no-repair",
+        dest="repair",
+        action="store_const",
+        const="no",
+        help="keep the wheel as built: no auditwheel repair / delvewheel check (default: repair when "
+        "the tool is at hand)",
+    )
     build.set_defaults(repair="auto")
-    build.add_argument("--no-verify", action="store_true")
+    build.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="copy the wheel out without `sagebuild verify` (name, metadata, RECORD, SASS, install test)",
+    )
     build.add_argument("--no-smoke", action="store_true", help="verify without the install + import test")
-    build.add_argument("--allow-missing-cuobjdump", action="store_true")
+    build.add_argument(
+        "--allow-missing-cuobjdump",
+        action="store_true",
+        help="verify without the SASS check when no cuobjdump can be found or installed",
+    )
     build.set_defaults(func=cmd_build)
 
-    verify = sub.add_parser("verify", help="check wheels: name, metadata, RECORD, SASS, install")
-    verify.add_argument("wheels", nargs="+", metavar="WHEEL")
+    verify = sub.add_parser(
+        "verify",
+        help="check wheels: name, metadata, RECORD, SASS, install",
+        description="Check each wheel: its name decodes to a build of the matrix, METADATA pins that "
+        "torch, RECORD hashes match, the compiled modules hold SASS for the expected archs, and (unless "
+        "--no-smoke) it installs and imports in a fresh venv. Exit 1 when any wheel fails.",
+    )
+    verify.add_argument("wheels", nargs="+", metavar="WHEEL", help="the wheel files to check")
     verify.add_argument("--expect-archs", help='archs the wheel must hold, e.g. "8.9;9.0a"')
     verify.add_argument("--no-smoke", action="store_true", help="skip the install + import test")
     verify.add_argument(
@@ -360,34 +480,61 @@ def make_parser() -> argparse.ArgumentParser:
         "are byte-identical or differ only in compiled objects (and the RECORD lines hashing them), "
         "which two builds of the same source may show; 1 otherwise.",
     )
-    diff.add_argument("a", metavar="WHEEL_A")
-    diff.add_argument("b", metavar="WHEEL_B")
+    diff.add_argument("a", metavar="WHEEL_A", help="the first build")
+    diff.add_argument("b", metavar="WHEEL_B", help="the second build of the same source")
     diff.add_argument(
         "--strict", action="store_true", help="exit 1 on any difference, compiled objects included"
     )
     diff.set_defaults(func=cmd_diff)
 
-    index = sub.add_parser("index", help="write a PEP 503 simple index for a folder of wheels")
-    index.add_argument("dir")
+    index = sub.add_parser(
+        "index",
+        help="write a PEP 503 simple index for a folder of wheels",
+        description="Index the .whl files of DIR: a flat simple/ index and one per PyTorch build. Every "
+        ".whl file must be a wheel (a non-empty zip archive with a valid wheel name and .dist-info "
+        "metadata): otherwise nothing is written and each bad file is named.",
+    )
+    index.add_argument("dir", help="the folder of wheels")
     index.add_argument("--out", help="where the index goes (default: DIR)")
     index.add_argument("--copy", action="store_true", help="copy the wheels into OUT/files")
     index.set_defaults(func=cmd_index)
 
-    which = sub.add_parser("which", help="name the wheel that fits this environment")
+    which = sub.add_parser(
+        "which",
+        help="name the wheel that fits this environment",
+        description="Name the wheel (and its build id) that fits the running environment's Python, "
+        "platform and torch, or the one given by --torch/--cuda/--python/--platform, and how to "
+        "install it (from an index made by `index`, with --index).",
+    )
     which.add_argument("--index", help="an index made by `index`")
-    which.add_argument("--package", default="sageattention", choices=["sageattention", "sageattn3"])
+    which.add_argument(
+        "--package",
+        default="sageattention",
+        choices=["sageattention", "sageattn3"],
+        help="the package (default: %(default)s)",
+    )
     which.add_argument("--torch", help="pretend this torch version")
     which.add_argument("--cuda", help="pretend this torch CUDA version")
     which.add_argument("--python", help="pretend this Python version")
-    which.add_argument("--platform", choices=["linux", "windows"], help="pretend this platform")
+    which.add_argument("--platform", help=f"pretend this platform: {lists['platforms']}")
     which.set_defaults(func=cmd_which)
 
-    doc = sub.add_parser("docs", help="render BUILD_MATRIX.md from the matrix")
+    doc = sub.add_parser(
+        "docs",
+        help="render BUILD_MATRIX.md from the matrix",
+        description="Write BUILD_MATRIX.md (platforms, CUDA and PyTorch releases, packages, profiles with "
+        "their builds) from the matrix; --check only compares.",
+    )
     doc.add_argument("--check", action="store_true", help="exit 1 when the file is out of date")
     doc.add_argument("--output", help="file to write (default: BUILD_MATRIX.md next to the matrix)")
     doc.set_defaults(func=cmd_docs)
 
-    validate = sub.add_parser("validate", help="check build-matrix.yaml")
+    validate = sub.add_parser(
+        "validate",
+        help="check build-matrix.yaml",
+        description="Load the matrix and check every rule: versions, arch lists, sets, profiles, build "
+        "ids and tags that decode. Exit 0 with a one-line summary, else 2 with each problem.",
+    )
     validate.set_defaults(func=cmd_validate)
 
     # CI and packaging frontends (docs/ci.md): bake, cibw, release-check, ci-profiles, ci-env
@@ -398,13 +545,47 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = make_parser()
-    args = parser.parse_args(argv)
+def _silence_stdout() -> None:
+    """Point stdout at the null device, so that the flush at interpreter exit cannot fail again."""
     try:
-        return args.func(args)
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--matrix", default=str(DEFAULT_MATRIX))
+    known, _ = pre.parse_known_args(argv)
+    command = ""
+    try:
+        parser = make_parser(known.matrix)
+        args = parser.parse_args(argv)
+        command = args.command
+        code = args.func(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at interpreter exit
+        return code
+    except SystemExit:  # --help and argparse's usage errors
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _silence_stdout()
+            return BROKEN_PIPE_EXIT
+        raise
+    except BrokenPipeError:
+        # `plan ... | head`: the reader has what it wanted; stop quietly
+        _silence_stdout()
+        return BROKEN_PIPE_EXIT
     except SagebuildError as exc:
-        print(f"sagebuild {args.command}: error: {exc}", file=sys.stderr)
+        print(
+            f"sagebuild {command}: error: {exc}" if command else f"sagebuild: error: {exc}", file=sys.stderr
+        )
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -68,13 +68,14 @@ def render(matrix: Matrix) -> str:
 
     lines += ["## Platforms", ""]
     lines += _table(
-        ["platform", "wheel tag", "after repair", "CI runner"],
+        ["platform", "wheel tag", "after repair", "CI runner", "Docker Bake"],
         [
             [
                 p.name,
                 f"`{p.wheel_platform}`",
                 f"`{p.repair_platform}`" if p.repair_platform else "-",
                 p.runner,
+                f"{p.docker_platform} in `{p.manylinux_image}`" if p.manylinux_image else "-",
             ]
             for p in matrix.platforms.values()
         ],
@@ -174,6 +175,32 @@ def render(matrix: Matrix) -> str:
                 for e in pkg.extensions
             ],
         )
+
+    left_rows = []
+    for name, spec in matrix.sets.items():
+        for note in matrix.left_out(name):
+            combos = note["combos"]
+            torches = ", ".join(dict.fromkeys(c[0] for c in combos))
+            cudas = ", ".join(dict.fromkeys(c[1] for c in combos))
+            pythons = ", ".join(dict.fromkeys(c[2] for c in combos))
+            left_rows.append(
+                [
+                    f"`{name}`",
+                    spec["package"],
+                    f"PyTorch {torches}; CUDA {cudas}; Python {pythons}",
+                    "; ".join(note["facts"]),
+                    note["why"],
+                ]
+            )
+    if left_rows:
+        lines += [
+            "## Left out of the build sets",
+            "",
+            "Combinations a build set lists that are not built, because the PyTorch release does not ship",
+            "them (`only_shipped`), and why that is acceptable (`left_out` in build-matrix.yaml).",
+            "",
+        ]
+        lines += _table(["set", "package", "left out", "matrix facts", "why"], left_rows)
 
     lines += [
         "## Profiles",

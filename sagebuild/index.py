@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import sys
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,19 +88,55 @@ def _write_simple(root: Path, wheels: list[IndexedWheel]) -> None:
         _write_page(page, f"Links for {project}", links)
 
 
+def not_a_wheel(path: Path) -> str | None:
+    """Why the ``.whl`` file at ``path`` is not a wheel pip could install, or None when it is one: a
+    valid wheel name, a zip archive that is not empty, and a ``.dist-info`` folder with WHEEL and
+    METADATA (pip reads both)."""
+    try:
+        parse_wheel_filename(path.name)
+    except ValueError as exc:
+        return f"not a valid wheel name ({exc})"
+    size = path.stat().st_size
+    if size == 0:
+        return "an empty file (0 bytes): an interrupted download or copy?"
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError) as exc:
+        return f"not a zip archive ({size} bytes; {exc})"
+    dist_infos = {n.split("/", 1)[0] for n in names if n.split("/", 1)[0].endswith(".dist-info")}
+    for folder in dist_infos:
+        if f"{folder}/WHEEL" in names and f"{folder}/METADATA" in names:
+            return None
+    return "no .dist-info folder with WHEEL and METADATA in the archive"
+
+
 def build_index(wheel_dir: Path, out_dir: Path, matrix: Matrix, copy: bool = False) -> dict:
-    """Write the flat and per-build indexes for the wheels in ``wheel_dir``; returns the manifest."""
+    """Write the flat and per-build indexes for the wheels in ``wheel_dir``; returns the manifest.
+
+    Every ``*.whl`` file must be a wheel (``not_a_wheel``): otherwise nothing is written and the error
+    names each bad file, since an index that links a broken file fails only later, in someone's pip.
+    Other files in the folder are not indexed; a note names them.
+    """
     wheel_dir, out_dir = Path(wheel_dir).resolve(), Path(out_dir).resolve()
-    found = sorted(wheel_dir.glob("*.whl"))
+    found = sorted(p for p in wheel_dir.glob("*.whl") if p.is_file())
     if not found:
         raise SagebuildError(f"no .whl files in {wheel_dir}")
+    broken = [(path, not_a_wheel(path)) for path in found]
+    broken = [(path, why) for path, why in broken if why]
+    if broken:
+        raise SagebuildError(
+            f"{len(broken)} of the {len(found)} .whl files in {wheel_dir} are not wheels; nothing was "
+            "indexed (remove or rebuild them):\n" + "\n".join(f"  {path.name}: {why}" for path, why in broken)
+        )
+    others = sorted(
+        p.name for p in wheel_dir.iterdir() if p.is_file() and p.suffix != ".whl" and p.name != INDEX_MANIFEST
+    )
+    if others:
+        print(f"note: not indexed (not .whl files): {', '.join(others)}", file=sys.stderr)
     wheels: list[IndexedWheel] = []
     for path in found:
-        try:
-            project = canonicalize_name(parse_wheel_filename(path.name)[0])
-        except ValueError as exc:
-            print(f"skipping {path.name}: {exc}", file=sys.stderr)
-            continue
+        project = canonicalize_name(parse_wheel_filename(path.name)[0])
         variant, pure = None, False
         try:
             name = tags.parse_wheel_name(

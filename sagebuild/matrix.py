@@ -123,6 +123,8 @@ class Platform:
     wheel_platform: str
     repair_platform: str | None
     runner: str
+    docker_platform: str | None = None  # Linux: the platform Docker Bake builds for (linux/amd64)
+    manylinux_image: str | None = None  # Linux: the manylinux image of repair_platform (Docker Bake)
 
 
 @dataclass(frozen=True)
@@ -441,6 +443,8 @@ class Matrix:
                     wheel_platform=spec["wheel_platform"],
                     repair_platform=spec.get("repair_platform"),
                     runner=spec.get("runner", ""),
+                    docker_platform=spec.get("docker_platform"),
+                    manylinux_image=spec.get("manylinux_image"),
                 )
             except (KeyError, TypeError) as exc:
                 errors.append(f"platform {name}: missing field {exc}")
@@ -575,6 +579,23 @@ class Matrix:
     # -- validation of the file itself -----------------------------------------------------------------
 
     def _validate(self, errors: list[str]) -> None:
+        for platform in self.platforms.values():
+            where = f"platform {platform.name}"
+            if not platform.runner:
+                errors.append(f"{where}: no runner (the CI runner label its builds run on)")
+            if platform.system == "Linux" and platform.repair_platform:
+                # Docker Bake builds the manylinux wheels of every Linux platform in its image
+                if not platform.manylinux_image or not platform.docker_platform:
+                    errors.append(
+                        f"{where}: a Linux platform with repair_platform needs manylinux_image (the "
+                        f"{platform.repair_platform} image Docker builds in) and docker_platform "
+                        "(e.g. linux/amd64)"
+                    )
+                elif f"/{platform.repair_platform}" not in platform.manylinux_image:
+                    errors.append(
+                        f"{where}: manylinux_image {platform.manylinux_image!r} is not a "
+                        f"{platform.repair_platform} image"
+                    )
         for version, release in self.torch.items():
             for cuda in release.cuda:
                 if cuda not in self.cuda:
@@ -619,6 +640,7 @@ class Matrix:
         for name in self.sets:
             try:
                 self.set_combos(name)
+                self._check_left_out(name, errors)
             except MatrixError as exc:
                 errors.append(f"set {name}: {exc}")
         seen: dict[str, str] = {}
@@ -859,6 +881,70 @@ class Matrix:
             dropped_archs=dropped,
             **abi3,
         )
+
+    def set_dropped(self, name: str) -> list[tuple[tuple[str, str, str], str]]:
+        """The combinations a set lists that ``only_shipped`` leaves out, each with why (the torch
+        release has no such CUDA build or no wheels for that Python)."""
+        spec = self.sets[name]
+        if not spec.get("only_shipped"):
+            return []
+        dropped = []
+        for entry in spec.get("builds") or []:
+            for torch in _listify(entry.get("torch")):
+                release = self.torch_release(torch)
+                for cuda in _listify(entry.get("cuda")):
+                    for python in _listify(entry.get("python")):
+                        if cuda not in release.cuda:
+                            why = f"PyTorch {torch} has no CUDA {cuda} build (it ships {_join(release.cuda)})"
+                        elif python not in release.python:
+                            why = f"PyTorch {torch} has no wheels for Python {python}"
+                        else:
+                            continue
+                        dropped.append(((torch, cuda, python), why))
+        return dropped
+
+    def left_out(self, name: str) -> list[dict[str, Any]]:
+        """A set's ``left_out`` notes, each with the combinations it explains:
+        ``{"torch": [...], "cuda": [...], "python": [...], "why": str, "combos": [(t, c, p), ...],
+        "facts": [why only_shipped drops each]}``. Every combination only_shipped drops must have a
+        note (checked by validation): nothing leaves a set without a word."""
+        notes = []
+        dropped = self.set_dropped(name)
+        for raw in self.sets[name].get("left_out") or []:
+            keys = {k: _listify(raw.get(k)) for k in ("torch", "cuda", "python")}
+            hits = [
+                (combo, fact)
+                for combo, fact in dropped
+                if all(not keys[k] or combo[i] in keys[k] for i, k in enumerate(("torch", "cuda", "python")))
+            ]
+            notes.append(
+                {
+                    **keys,
+                    "why": " ".join(str(raw.get("why") or "").split()),
+                    "combos": [c for c, _ in hits],
+                    "facts": list(dict.fromkeys(f for _, f in hits)),
+                }
+            )
+        return notes
+
+    def _check_left_out(self, name: str, errors: list[str]) -> None:
+        notes = self.left_out(name)
+        explained = {c for n in notes for c in n["combos"]}
+        for note in notes:
+            label = ", ".join(f"{k} {'/'.join(note[k])}" for k in ("torch", "cuda", "python") if note[k])
+            if not note["why"]:
+                errors.append(f"set {name}: the left_out note for {label or 'everything'} gives no why")
+            if not note["combos"]:
+                errors.append(
+                    f"set {name}: the left_out note for {label or 'everything'} matches no combination "
+                    "that only_shipped leaves out (a stale note?)"
+                )
+        for (torch, cuda, python), fact in self.set_dropped(name):
+            if (torch, cuda, python) not in explained:
+                errors.append(
+                    f"set {name}: only_shipped leaves out torch {torch} + CUDA {cuda} + Python {python} "
+                    f"({fact}); add a left_out note saying why (BUILD_MATRIX.md shows it)"
+                )
 
     def set_combos(self, name: str) -> list[tuple[str, str, str]]:
         """(torch, cuda, python) combinations of a build set, each checked."""

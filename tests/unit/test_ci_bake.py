@@ -5,7 +5,9 @@ the Bake file relies on. (No Docker engine here: nothing is built; docs/ci.md sa
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+import json
 import os
 import re
 
@@ -13,7 +15,13 @@ import pytest
 
 from sagebuild import bake, cli, tags
 from sagebuild.ci import toolkit_release
-from sagebuild.matrix import REPO_ROOT, load
+from sagebuild.errors import MatrixError
+from sagebuild.matrix import REPO_ROOT, Matrix, load
+
+
+def _q(value: str) -> str:
+    return json.dumps(value)
+
 
 try:
     import hcl2
@@ -84,7 +92,7 @@ def test_targets_are_the_linux_builds_of_the_matrix(matrix, parsed):
     for build_id, target in linux.items():
         body = targets[build_id]
         cuda = f"_{tags.cuda_tag(target.cuda)}"
-        assert body["inherits"] == [cuda]
+        assert body["inherits"] == ["_linux", cuda]
         assert body["args"] == {
             "BUILD_ID": build_id,
             "PYTHON_ABI": f"{target.python_tag}-{target.python_tag}",
@@ -93,10 +101,12 @@ def test_targets_are_the_linux_builds_of_the_matrix(matrix, parsed):
         assert targets[cuda]["args"]["CUDA_VERSION"] == target.cuda
         release = toolkit_release(matrix, target.cuda)
         assert targets[cuda]["args"]["CUDA_IMAGE"] == f"nvidia/cuda:{release}-devel-${{CUDA_IMAGE_DISTRO}}"
-        assert targets[cuda]["inherits"] == ["_builder"]
         assert targets[f"test-{build_id}"]["inherits"] == [build_id]
     assert targets["_builder"]["dockerfile"] == "dockerfile.builder.linux"
-    assert targets["_builder"]["platforms"] == ["linux/amd64"]
+    assert targets["_linux"]["inherits"] == ["_builder"]
+    assert targets["_linux"]["platforms"] == [matrix.platforms["linux"].docker_platform] == ["linux/amd64"]
+    assert targets["toolchain-cu128"]["inherits"] == ["_linux", "_cu128"]
+    assert targets["toolchain-cu128"]["tags"] == ["sagebuild-toolchain:cu128"]
 
 
 def test_groups(matrix, parsed):
@@ -123,15 +133,59 @@ def test_groups(matrix, parsed):
         assert set(expand(groups, name)) <= every, f"group {name} names an unknown target"
 
 
-def test_variables_are_references_not_literals():
+def test_variables_are_references_not_literals(matrix):
     raw = parse(BAKE.read_text(encoding="utf-8"), strip=False)
     assert raw["target"]['"_builder"']["args"] == {
-        "MANYLINUX_IMAGE": "MANYLINUX_IMAGE",
         "SAGEBUILD_TORCH_INDEX": "SAGEBUILD_TORCH_INDEX",
+        "SOURCE_DATE_EPOCH": "SOURCE_DATE_EPOCH",
     }
+    assert raw["target"]['"_linux"']["args"] == {"MANYLINUX_IMAGE": "MANYLINUX_IMAGE"}
     variables = raw["variable"]
     assert variables['"SAGEBUILD_TORCH_INDEX"'] == {"default": '""'}  # configuration, never a literal
-    assert variables['"MANYLINUX_IMAGE"'] == {"default": '""'}
+    assert variables['"SOURCE_DATE_EPOCH"'] == {"default": '""'}  # the commit's time, given per build
+
+
+def test_manylinux_image_defaults_to_the_matrix_image(matrix):
+    """`docker buildx bake default` needs no MANYLINUX_IMAGE: its default is the platform's image of
+    build-matrix.yaml, the manylinux_2_28 image the pinned cibuildwheel uses."""
+    variables = parse(BAKE.read_text(encoding="utf-8"))["variable"]
+    image = matrix.platforms["linux"].manylinux_image
+    assert variables["MANYLINUX_IMAGE"] == {"default": image}
+    assert re.fullmatch(r"[\w.-]+/pypa/manylinux_2_28_x86_64@sha256:[0-9a-f]{64}", image)
+    require(importlib.util.find_spec("cibuildwheel"), "cibuildwheel")
+    assert image == bake.pinned_base_image(), (
+        "platforms.linux.manylinux_image differs from the pinned cibuildwheel's image: set it to "
+        "`python -m sagebuild bake --base-image`"
+    )
+
+
+def test_a_linux_platform_without_an_image_is_refused(matrix):
+    data = copy.deepcopy(matrix.raw)
+    del data["platforms"]["linux"]["manylinux_image"]
+    with pytest.raises(MatrixError, match="platform linux: a Linux platform with repair_platform needs"):
+        Matrix(data, root=REPO_ROOT)
+    data["platforms"]["linux"]["manylinux_image"] = "example/manylinux_2_28_aarch64:1"
+    with pytest.raises(MatrixError, match="is not a manylinux_2_28_x86_64 image"):
+        Matrix(data, root=REPO_ROOT)
+
+
+def test_docker_builds_get_the_commit_time(matrix, capsys, monkeypatch):
+    """AC14: the Docker build stamps the wheel with SOURCE_DATE_EPOCH as a native build does: Bake
+    passes it, the Dockerfile declares it in the build stage and stops without it, and `bake
+    --source-date-epoch` prints the one `sagebuild build` uses."""
+    from sagebuild.build import source_date_epoch
+
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    assert cli.main(["bake", "--source-date-epoch"]) == 0
+    printed = capsys.readouterr().out.strip()
+    assert printed == str(source_date_epoch(REPO_ROOT)[0])
+    stages = dockerfile_stages(DOCKERFILE.read_text(encoding="utf-8"))
+    build = "\n".join(stages["build"])
+    assert re.search(r"^ARG SOURCE_DATE_EPOCH$", build, re.M)
+    run = build[build.index("RUN ") :]
+    check, call = run.index('test -n "$SOURCE_DATE_EPOCH"'), run.index("-m sagebuild build")
+    assert check < call and "sagebuild bake --source-date-epoch" in run[check:call]
+    assert "SOURCE_DATE_EPOCH" in parse(BAKE.read_text(encoding="utf-8"))["target"]["_builder"]["args"]
 
 
 def dockerfile_stages(text: str) -> dict[str, list[str]]:
@@ -183,8 +237,14 @@ def test_no_host_names_in_ci_files():
         REPO_ROOT / ".github" / "sagebuild-requirements.txt"
     ]
     files += [REPO_ROOT / "sagebuild" / f"{m}.py" for m in ("bake", "cibw", "ci", "release")]
+    # the manylinux images are configuration too: build-matrix.yaml's, rendered into the Bake file
+    images = [p.manylinux_image for p in load().platforms.values() if p.manylinux_image]
     for path in files:
-        match = URL_OR_HOST.search(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        if path == BAKE:
+            for image in images:
+                text = text.replace(_q(image), '"IMAGE"')
+        match = URL_OR_HOST.search(text)
         assert match is None, f"{path.relative_to(REPO_ROOT)} names {match.group(0)}"
 
 

@@ -43,9 +43,9 @@ def run(capsys, repo: Path, *args: str) -> tuple[int, str]:
 
 def planned_ids(capsys, repo: Path, profile: str) -> set[str]:
     ids = set()
-    for platform in ("linux", "windows"):  # exactly what the build workflows run
+    for system in ("Linux", "Windows"):  # exactly what the build workflows run
         code, out = run(capsys, repo, "plan", "--profile", profile, "--package", "sageattention",
-                        "--platform", platform, "--format", "github")  # fmt: skip
+                        "--system", system, "--allow-empty", "--format", "github")  # fmt: skip
         assert code == 0, out
         ids |= {entry["id"] for entry in json.loads(out)["include"]}
     return ids
@@ -114,3 +114,76 @@ def test_new_pytorch_release_flows_into_ci_bake_and_docs(repo, capsys):
     }
     for text in workflows.values():
         assert NEW_TORCH not in text and "pytorch215" not in text
+
+
+# A new platform (seed 002, AC10): an entry under platforms: and nothing else. The aarch64 image is the
+# one the pinned cibuildwheel uses (a real digest is not needed to plan; it is checked for its policy).
+LINUXARM = {
+    "system": "Linux",
+    "wheel_platform": "linux_aarch64",
+    "repair_platform": "manylinux_2_28_aarch64",
+    "runner": "ubuntu-24.04-arm",
+    "docker_platform": "linux/arm64",
+    "manylinux_image": "quay.io/pypa/manylinux_2_28_aarch64@sha256:" + "0" * 64,
+}
+
+
+def test_a_new_platform_is_configuration_only(repo, capsys):
+    from sagebuild import bake, ci, cibw
+    from sagebuild.matrix import Matrix
+
+    path = repo / "build-matrix.yaml"
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data["platforms"]["linuxarm"] = LINUXARM
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    workflows = {p.name: p.read_text(encoding="utf-8") for p in (repo / ".github" / "workflows").iterdir()}
+
+    code, out = run(capsys, repo, "validate")
+    assert code == 0, out
+    code, out = run(
+        capsys, repo, "plan", "--profile", "stable", "--platform", "linuxarm", "--format", "github"
+    )
+    assert code == 0, out
+    include = json.loads(out)["include"]
+    assert [e["id"] for e in include] == [
+        "linuxarm-sageattention-pytorch26-cu126-python312",
+        "linuxarm-sageattention-pytorch27-cu128-python312",
+        "linuxarm-sageattention-pytorch28-cu129-python312",
+    ]
+    assert {e["runner"] for e in include} == {"ubuntu-24.04-arm"}
+    assert include[0]["wheel"] == "sageattention-2.2.0-260.126-cp312-cp312-linux_aarch64.whl"
+    with pytest.raises(SystemExit):
+        cli.main(["--matrix", str(path), "plan", "--help"])
+    assert "linuxarm (linux_aarch64)" in " ".join(capsys.readouterr().out.split())
+
+    # the Linux build workflow's plan (--system Linux) now holds both Linux platforms, each with its runner
+    code, out = run(capsys, repo, "plan", "--profile", "stable", "--system", "Linux", "--format", "github")
+    runners = {e["platform"]: e["runner"] for e in json.loads(out)["include"]}
+    assert runners == {"linux": "ubuntu-24.04", "linuxarm": "ubuntu-24.04-arm"}
+
+    matrix = Matrix.load(path)
+    # Docker Bake: its targets in its own image and Docker platform, the first platform's names unchanged
+    text = bake.render(matrix)
+    assert 'variable "MANYLINUX_IMAGE_LINUXARM" {' in text and LINUXARM["manylinux_image"] in text
+    assert 'variable "MANYLINUX_IMAGE" {' in text
+    assert 'target "linuxarm-sageattention-pytorch28-cu129-python312" {' in text
+    assert 'target "toolchain-linuxarm-cu129" {' in text and 'target "toolchain-cu129" {' in text
+    assert '"linux/arm64"' in text and 'group "linuxarm" {' in text
+    assert run(capsys, repo, "bake")[0] == 0 and run(capsys, repo, "bake", "--check")[0] == 0
+    assert run(capsys, repo, "docs")[0] == 0
+    assert "linuxarm" in (repo / "BUILD_MATRIX.md").read_text(encoding="utf-8")
+
+    # cibuildwheel and the CI toolkit plan
+    target = matrix.find_target("linuxarm-sageattention-pytorch2141-cu130-python312")
+    config = cibw.config_for(matrix, [target])
+    assert config["identifiers"] == ["cp312-manylinux_aarch64"] and config["platform"] == "linux"
+    assert config["options"]["archs"] == ["aarch64"]
+    assert config["options"]["manylinux-aarch64-image"] == "sagebuild-toolchain:linuxarm-cu130"
+    assert "--plat manylinux_2_28_aarch64 " in config["options"]["repair-wheel-command"]
+    assert cibw.as_env(config)["CIBW_MANYLINUX_AARCH64_IMAGE"] == "sagebuild-toolchain:linuxarm-cu130"
+    assert ci.toolkit_plan(matrix, target).source == "pip"
+
+    # and no workflow needed an edit
+    assert workflows == {
+        p.name: p.read_text(encoding="utf-8") for p in (repo / ".github" / "workflows").iterdir()
+    }

@@ -170,11 +170,15 @@ def test_sageattn3_workflows_build_sageattn3_with_submodules(workflows):
 
 def test_build_matrices_come_from_sagebuild_plan(workflows):
     for name in BUILD_WORKFLOWS:
-        platform = "linux" if "linux" in name else "windows"
+        system = "Linux" if "linux" in name else "Windows"
         jobs = workflows[name]["jobs"]
         plan_runs = "\n".join(s.get("run", "") for s in jobs["plan"]["steps"])
         assert "python -m sagebuild plan" in plan_runs
-        assert f"--platform {platform}" in plan_runs and "--format github" in plan_runs
+        # every platform of that system, from the matrix: a new platform needs no workflow edit
+        assert f"--system {system}" in plan_runs and "--format github" in plan_runs
+        assert "--platform" not in plan_runs
+        # an empty plan (a profile without builds here) skips the build job instead of failing
+        assert plan_runs.count("--allow-empty") == plan_runs.count("sagebuild plan")
         build = jobs["build"]
         assert build["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.matrix) }}"
         assert build["runs-on"] == "${{ matrix.runner }}"
@@ -195,9 +199,85 @@ def test_every_build_step_goes_through_sagebuild(workflows):
         assert 'sagebuild build "${args[@]}"' in runs and '--target "$TARGET"' in runs
         assert "python -m sagebuild verify" in runs
         assert "python -m sagebuild ci-env" in runs
-        upload = [s for s in build["steps"] if "upload-artifact" in s.get("uses", "")]
+        upload = [s for s in build["steps"] if s.get("with", {}).get("name", "").startswith("wheels-")]
         assert len(upload) == 1 and upload[0]["with"]["name"] == "wheels-${{ matrix.id }}"
-        assert upload[0]["with"]["if-no-files-found"] == "error"
+        assert "upload-artifact" in upload[0]["uses"] and upload[0]["with"]["if-no-files-found"] == "error"
+
+
+def test_every_build_reports_to_the_build_summary(workflows):
+    """Seed 003's build-summary job: after the builds, whatever their outcome, a table of every build
+    of the plan and its result goes to the run summary, made by sagebuild from the matrix."""
+    for name in BUILD_WORKFLOWS:
+        system = "Linux" if "linux" in name else "Windows"
+        jobs = workflows[name]["jobs"]
+        steps = jobs["build"]["steps"]
+        record = next(i for i, s in enumerate(steps) if "sagebuild ci-result" in s.get("run", ""))
+        upload = next(
+            i for i, s in enumerate(steps) if s.get("with", {}).get("name", "").startswith("result-")
+        )
+        assert record < upload == len(steps) - 1, "the result is recorded and uploaded last"
+        for step in (steps[record], steps[upload]):
+            assert step["if"] == "always()", f"{name}: {step.get('name')} must run after a failure too"
+        assert steps[record]["env"]["JOB_STATUS"] == "${{ job.status }}"
+        assert steps[upload]["with"]["name"] == "result-${{ matrix.id }}"
+        summary = jobs["summary"]
+        assert summary["needs"] == ["plan", "build"] and summary["if"] == "always()"
+        download = next(s for s in summary["steps"] if "download-artifact" in s.get("uses", ""))
+        assert download["with"]["pattern"] == "result-*" and download["with"]["merge-multiple"] is True
+        run = next(s["run"] for s in summary["steps"] if "sagebuild ci-summary" in s.get("run", ""))
+        assert f"--system {system}" in run and '"$GITHUB_STEP_SUMMARY"' in run
+        # the result artifacts never reach the release (it downloads wheels-* only)
+    release = workflows["ci.yml"]["jobs"]["release"]
+    patterns = [s["with"]["pattern"] for s in release["steps"] if "download-artifact" in s.get("uses", "")]
+    assert patterns == ["wheels-*"]
+
+
+@pytest.mark.parametrize("workflow", BUILD_WORKFLOWS)
+def test_summary_steps_write_a_table_of_every_build(tmp_path, workflow):
+    """The build jobs' result step and the summary job's step, run as a runner runs them: one row per
+    planned build, each with its result; a build that never reported shows so."""
+    matrix = load()
+    system = "Linux" if "linux" in workflow else "Windows"
+    planned = ci.system_targets(matrix, "stable", "sageattention", system)
+    assert len(planned) == 3
+    for target, status in zip(planned[:2], ("success", "failure")):
+        dist = tmp_path / "dist"
+        shutil.rmtree(dist, ignore_errors=True)
+        if status == "success":
+            dist.mkdir()
+            (dist / target.wheel_name).write_bytes(b"PK")
+        env = {"TARGET": target.id, "JOB_STATUS": status}
+        run_step(tmp_path, workflow, "build", "Record the result", env)
+    results = tmp_path / "results"  # what download-artifact's merge-multiple makes of result-* artifacts
+    shutil.copytree(tmp_path / "result", results)
+    summary_file = tmp_path / "summary.md"
+    env = {"PROFILE": "stable", "PACKAGE": "sageattention", "GITHUB_STEP_SUMMARY": str(summary_file)}
+    run_step(tmp_path, workflow, "summary", "Build summary", env)
+    text = summary_file.read_text(encoding="utf-8")
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == [t.id for t in planned]
+    assert "✅ success" in rows[0] and f"`{planned[0].wheel_name}` |" in rows[0]
+    assert "❌ failure" in rows[1] and "(planned)" in rows[1]
+    assert "no result" in rows[2]
+    assert "3 builds: 1 ✅ success, 1 ❌ failure, 1 ⚠️ no result" in text
+    assert (
+        f"| {planned[0].torch} | {planned[0].cuda} | {planned[0].python} | {planned[0].arch_list} |"
+        in rows[0]
+    )
+
+
+def test_summary_of_an_empty_plan_and_bad_input(tmp_path):
+    matrix = load()
+    text = ci.render_summary(matrix, "ci-build", "sageattention", "Windows", None)
+    assert "No builds: profile `ci-build` has none for sageattention on Windows." in text
+    with pytest.raises(UsageError, match="unknown system 'Plan9'"):
+        ci.render_summary(matrix, "stable", None, "Plan9", None)
+    with pytest.raises(UsageError, match="job status 'maybe'"):
+        ci.write_result(matrix, "linux-sageattention-pytorch28-cu129-python312", "maybe", None, tmp_path)
+    (tmp_path / "stray.json").write_text('{"id": "linux-sageattention-pytorch29-cu128-python312"}')
+    (tmp_path / "junk.json").write_text("not json")
+    text = ci.render_summary(matrix, "default", "sageattention", "Linux", tmp_path)
+    assert "not in this plan: `linux-sageattention-pytorch29-cu128-python312`" in text
 
 
 def test_windows_checks_msvc_against_the_installed_cuda(workflows):

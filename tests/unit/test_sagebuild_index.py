@@ -8,6 +8,7 @@ import os
 import platform
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,39 @@ def test_index_cli(wheels, tmp_path, capsys):
     assert 'href="../../../files/sageattention-2.2.0-280.129-' in page
     assert "install with: pip install --index-url file://" in capsys.readouterr().out
     assert cli.main(["index", str(tmp_path / "empty")]) == 1
+
+
+def test_index_rejects_files_that_are_not_wheels(wheels, matrix, tmp_path, capsys):
+    """Each bad .whl file is named with its reason and nothing is written (docs/building.md)."""
+    folder = tmp_path / "wheelhouse"
+    folder.mkdir()
+    for path in wheels.glob("*.whl"):
+        (folder / path.name).write_bytes(path.read_bytes())
+    plat = f"{PY}-{PY}-linux_x86_64"
+    (folder / f"sageattention-2.2.0-260.126-{plat}.whl").write_bytes(b"")
+    (folder / f"sageattention-2.2.0-270.128-{plat}.whl").write_text("<html>404</html>\n")
+    with zipfile.ZipFile(folder / f"sageattention-2.2.0-290.128-{plat}.whl", "w") as archive:
+        archive.writestr("sageattention/__init__.py", "")
+    (folder / "notes-on-this.whl").write_text("x")
+    code = cli.main(["index", str(folder), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert "4 of the 9 .whl files" in err and "nothing was indexed" in err
+    assert f"sageattention-2.2.0-260.126-{plat}.whl: an empty file (0 bytes)" in err
+    assert f"sageattention-2.2.0-270.128-{plat}.whl: not a zip archive" in err
+    assert f"sageattention-2.2.0-290.128-{plat}.whl: no .dist-info folder with WHEEL and METADATA" in err
+    assert "notes-on-this.whl: not a valid wheel name" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_index_notes_other_files_and_indexes_the_wheels(wheels, matrix, tmp_path, capsys):
+    folder = tmp_path / "wheelhouse"
+    folder.mkdir()
+    for path in wheels.glob("*.whl"):
+        (folder / path.name).write_bytes(path.read_bytes())
+    (folder / "SHA256SUMS").write_text("")
+    (folder / f"sageattention-2.2.0-280.129-{PY}-{PY}-linux_x86_64.whl.partial").write_bytes(b"")
+    manifest = build_index(folder, tmp_path / "out", matrix)
+    assert len(manifest["simple"]) == 5
+    err = capsys.readouterr().err
+    assert "not indexed (not .whl files): SHA256SUMS, sageattention-2.2.0-280.129-" in err

@@ -251,3 +251,72 @@ def test_package_version_comes_from_pyproject(matrix):
     assert f'version = "{matrix.package_version("sageattention")}"' in text
     assert matrix.package_version("sageattn3") == "1.0.0"  # planned, until its pyproject exists
     assert Path(REPO_ROOT / "build-matrix.yaml").is_file()
+
+
+def test_every_package_pins_its_build_environment(matrix):
+    """Each package's [build-system] requires is exact pins (sagebuild installs exactly those), at the
+    same versions as the root package's: sageattn3's build environment is as fixed as sageattention's."""
+    from packaging.requirements import Requirement
+
+    root = {}
+    for text in read_build_requires(REPO_ROOT / "pyproject.toml"):
+        req = Requirement(text)
+        root[req.name] = str(req.specifier)
+    for package in matrix.packages.values():
+        pyproject = REPO_ROOT / package.source_dir / "pyproject.toml"
+        requires = read_build_requires(pyproject)
+        assert requires, f"{pyproject}: no [build-system] requires"
+        for text in requires:
+            req = Requirement(text)
+            spec = list(req.specifier)
+            assert len(spec) == 1 and spec[0].operator == "==", f"{pyproject}: {text} is not an exact pin"
+            assert root.get(req.name, str(req.specifier)) == str(req.specifier), (
+                f"{pyproject}: {text}, but the root pyproject.toml pins {req.name}{root[req.name]}"
+            )
+        assert any(Requirement(t).name == "setuptools" for t in requires)
+
+
+def test_sageattn3_cuda_versions_left_out_say_why(matrix):
+    """Seed 000's CUDA 12.9 and 13.1 are not built for sageattn3 (no torch of the set ships them): the
+    matrix says why for each, and BUILD_MATRIX.md shows it."""
+    from sagebuild import docs
+
+    dropped = {combo for combo, _ in matrix.set_dropped("sage3")}
+    assert dropped == {(t, c, "3.12") for t in ("2.9.0", "2.14.1") for c in ("12.9", "13.1")}
+    notes = {tuple(n["cuda"]): n for n in matrix.left_out("sage3")}
+    assert set(notes) == {("12.9",), ("13.1",)}
+    for cuda, note in notes.items():
+        assert {c for c in note["combos"]} == {c for c in dropped if c[1] == cuda[0]}
+        assert note["why"].startswith("Seed 000 lists CUDA " + cuda[0])
+    text = docs.render(matrix)
+    section = text[text.index("## Left out of the build sets") : text.index("## Profiles")]
+    for cuda in ("12.9", "13.1"):
+        row = next(line for line in section.splitlines() if f"CUDA {cuda};" in line)
+        assert "`sage3`" in row and "sageattn3" in row and f"has no CUDA {cuda} build" in row
+        assert notes[(cuda,)]["why"] in row
+    # no set leaves anything out without a note (validation would have refused the matrix)
+    for name in matrix.sets:
+        explained = {c for n in matrix.left_out(name) for c in n["combos"]}
+        assert {c for c, _ in matrix.set_dropped(name)} <= explained
+
+
+def test_a_combination_left_out_without_a_word_is_refused(matrix):
+    def no_note(data):
+        data["sets"]["sage3"]["left_out"] = data["sets"]["sage3"]["left_out"][:1]
+
+    with pytest.raises(
+        MatrixError, match=r"only_shipped leaves out torch 2\.9\.0 \+ CUDA 13\.1 \+ Python 3\.12"
+    ):
+        rebuilt(matrix.raw, no_note)
+
+    def stale(data):
+        data["sets"]["sage3"]["left_out"].append({"cuda": "12.4", "why": "old"})
+
+    with pytest.raises(MatrixError, match="left_out note for cuda 12.4 matches no combination"):
+        rebuilt(matrix.raw, stale)
+
+    def no_why(data):
+        data["sets"]["sage3"]["left_out"][0]["why"] = ""
+
+    with pytest.raises(MatrixError, match="left_out note for cuda 12.9 gives no why"):
+        rebuilt(matrix.raw, no_why)
