@@ -8,10 +8,11 @@
 A call goes to ``sageattn`` only when ``sageattn`` computes what SDPA would compute, on a quantized
 kernel: tensors on a CUDA GPU that sageattn has kernels for, float16/bfloat16 (any float dtype
 under autocast to one of them), 4-D ``[batch, heads, seq, head_dim]`` with head_dim <= 128, no
-dropout, no gradient needed, a bool or same-dtype float mask (unless ``masks=False``), a positive
-scale. Every other call
+dropout, a bool or same-dtype float mask that needs no gradient (unless ``masks=False``), a positive
+scale. Training calls (q, k or v requiring grad) go to ``sageattn`` too: its backward gives dQ, dK and
+dV (docs/api.md, "Gradients"). Every other call
 goes to the original function with its arguments as given: a mask, a dropout probability or a
-training step is never dropped, and what SDPA refuses is refused by SDPA itself, with its own error.
+mask gradient is never dropped, and what SDPA refuses is refused by SDPA itself, with its own error.
 Each reason warns once (``SDPAFallbackWarning``) and is counted in ``patch.calls``.
 
 ``patched()`` does the same for a ``with`` block. Code that bound the function before the patch
@@ -171,8 +172,10 @@ class SageSDPA:
             return "a float attn_mask under autocast"
         if dropout_p:
             return "dropout_p > 0"
-        if torch.is_grad_enabled() and any(t.requires_grad for t in qkv):
-            return "a gradient is needed (sageattn has no backward)"
+        if torch.is_grad_enabled() and isinstance(attn_mask, torch.Tensor) and attn_mask.requires_grad:
+            # Training calls go to sageattn (quantized forward, high-precision backward); a learned mask
+            # does not: sageattn computes no gradient for the mask.
+            return "attn_mask requires grad (sageattn computes no gradient for the mask)"
         if any(t.dim() != 4 for t in qkv):
             return "inputs are not 4-D [batch, heads, seq, head_dim]"
         batch, q_heads, q_len, head_dim = query.shape

@@ -8,9 +8,10 @@
 The registered function takes the arguments transformers gives its own "sdpa" function and follows its
 rules (causal through ``is_causal`` when there is no mask, the 4-D bool mask otherwise, grouped-query
 attention without repeating K and V). The mask function registered next to it is transformers' SDPA
-mask, so padded batches get the mask SDPA would get. Calls sageattn cannot compute the same way
-(dropout while training, a gradient, float32, CPU tensors, a position bias, attention sinks, ...) go to
-transformers' own SDPA function, unchanged.
+mask, so padded batches get the mask SDPA would get. Training runs through sageattn as well
+(its backward gives dQ, dK and dV); calls sageattn cannot compute the same way (dropout while
+training, float32, CPU tensors, a position bias, attention sinks, ...) go to transformers' own SDPA
+function, unchanged.
 
 Run as a script, it builds a model from a config (no download), runs one prefill with "sdpa", with
 "sageattn", and with "sdpa" under the process-wide patch of sdpa_monkeypatch.py, and prints the cosine
@@ -46,7 +47,7 @@ from sageattention import sageattn  # noqa: E402
 
 NAME = "sageattn"
 
-# The tensor-level rules (dtype, device, shapes, head dim, mask, dropout, gradients) are the ones of
+# The tensor-level rules (dtype, device, shapes, head dim, mask, dropout) are the ones of
 # the SDPA patch; only the decision is used here, the call itself is made below.
 _RULES = SageSDPA(None, warn=False)
 _calls: dict = {}

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from . import dispatch
+from . import autograd, dispatch
 from ._checks import (
     DENSE_OPTIONS,
     MAX_HEAD_DIM,
@@ -94,10 +94,16 @@ def _attention(caller, forced, q, k, v, tensor_layout, is_causal, sm_scale, retu
         return_lse, forced, caller,
     )  # fmt: skip
     backend = dispatch.BACKENDS[name]
-    out, lse = backend.dense(
-        q, k, v, attn_mask=mask, is_causal=is_causal, sm_scale=sm_scale, return_lse=return_lse,
-        smooth_k=opts["smooth_k"], pv=backend.pv, options=opts,
-    )  # fmt: skip
+    if autograd.needs_grad(q, k, v, mask):  # training: the quantized forward, a recorded backward
+        out, lse = autograd.dense(
+            name, q, k, v, mask, is_causal=is_causal, sm_scale=sm_scale, return_lse=return_lse,
+            smooth_k=opts["smooth_k"], options=opts,
+        )  # fmt: skip
+    else:
+        out, lse = backend.dense(
+            q, k, v, attn_mask=mask, is_causal=is_causal, sm_scale=sm_scale, return_lse=return_lse,
+            smooth_k=opts["smooth_k"], pv=backend.pv, options=opts,
+        )  # fmt: skip
     if layout == "NHD":
         out = out.transpose(1, 2)
     return (out, lse) if return_lse else out
@@ -246,6 +252,11 @@ def sageattn_varlen(
     name = dispatch.select(
         q.device.type, q.device.index, q.dtype, _dispatch_head_dim(head_dim), False, True, False, None, caller
     )
+    if autograd.needs_grad(q, k, v):
+        return autograd.varlen(
+            name, q, k, v, cu_q, cu_k, max_q, max_k, is_causal=is_causal, sm_scale=sm_scale,
+            smooth_k=opts["smooth_k"], options=opts,
+        )  # fmt: skip
     backend = dispatch.BACKENDS[name]
     return backend.varlen(
         q, k, v, cu_q, cu_k, max_q, max_k, is_causal=is_causal, sm_scale=sm_scale, smooth_k=opts["smooth_k"],

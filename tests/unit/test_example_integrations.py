@@ -77,18 +77,21 @@ def test_padding_reaches_sageattn_as_a_mask(llama, triton_standin):
         assert rows[name]["cos vs sdpa"] >= COS, rows
 
 
-def test_training_and_float32_calls_go_to_transformers_sdpa(llama, triton_standin):
+def test_training_goes_to_sageattn_and_float32_to_transformers_sdpa(llama, triton_standin):
     ta, model = llama
     ids = ta.token_ids(model, 1, 32)
     with ta.implementation(model, ta.NAME):
         model.train()
-        model(input_ids=ids, use_cache=False).logits.sum().backward()  # gradients: SDPA
+        model(input_ids=ids, use_cache=False).logits.float().sum().backward()  # sageattn backward
+        assert triton_standin.calls
+        grads = [p.grad for p in model.parameters() if p.requires_grad]
+        assert all(g is not None and torch.isfinite(g).all() for g in grads)
+        model.zero_grad(set_to_none=True)
         model.eval()
         with torch.no_grad():
             model.float()(input_ids=ids, use_cache=False)  # float32: SDPA
-    assert not triton_standin.calls
     reasons = " | ".join(ta.calls())
-    assert "gradient" in reasons and "dtype torch.float32" in reasons
+    assert ta.NAME in ta.calls() and "dtype torch.float32" in reasons and "gradient" not in reasons
 
 
 def test_compare_reports_every_path_and_the_control(llama):

@@ -58,7 +58,11 @@ def _unsupported_cases():
     mask = torch.ones(16, 16, dtype=torch.bool)
     return {
         "dropout": ((q, k, v), {"dropout_p": 0.1}, "dropout_p"),
-        "gradient": ((q.clone().requires_grad_(), k, v), {}, "gradient"),
+        "mask requiring grad": (
+            (q.clone().requires_grad_(), k, v),
+            {"attn_mask": torch.zeros(16, 16, dtype=torch.bfloat16, requires_grad=True)},
+            "attn_mask requires grad",
+        ),
         "float32": (tuple(t.float() for t in (q, k, v)), {}, "dtype torch.float32"),
         "3-D": ((q[0], k[0], v[0]), {}, "4-D"),
         "head dim 192": (qkv(d=192), {}, "head_dim 192"),
@@ -221,3 +225,13 @@ def test_script_checks_run_on_the_cpu():
     rows = smp.check_calls(torch.device("cpu"), n=32)
     assert rows and all(row["went to"] == "original: cpu tensors" for row in rows)
     assert all(row["cos vs original"] == pytest.approx(1.0, abs=1e-6) for row in rows)
+
+
+def test_training_calls_go_to_sageattn_with_gradients(triton_standin):
+    q, k, v = (t.requires_grad_() for t in qkv(hq=4, hkv=2))
+    patch = smp.SageSDPA(Recorder(), devices=("cpu",), warn=False)
+    out = patch(q, k, v, is_causal=True, enable_gqa=True)
+    assert patch.calls == {smp.SAGE: 1} and triton_standin.calls
+    out.float().sum().backward()
+    for x in (q, k, v):
+        assert x.grad is not None and torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0

@@ -1,0 +1,204 @@
+"""Fine-tuning parity: the same small transformer trained from the same seed with sageattn and with SDPA.
+
+A decoder-only transformer (pre-norm, causal self-attention, GELU MLP) learns a generated task that
+needs attention: each sequence is a random first half followed by its exact repeat, so from the middle
+on the next token is found by looking back (an induction task; no download, the data is made from the
+seed). Both runs see the same batches in the same order from the same initial weights; only the
+attention call differs. Attention runs in bfloat16 (q, k, v cast, the output cast back), the rest in
+float32, for both runs.
+
+    python bench/finetune_parity.py                    # GPU: 4 layers, 1024 tokens, 300 steps
+    python bench/finetune_parity.py --smoke            # tiny, seconds on a CPU (sageattn runs SDPA there)
+
+Writes JSON (--out) with both loss curves and the ratio of the final losses (mean of the last 10
+steps, sageattn / SDPA), and a PNG of the curves (--png; when matplotlib is importable). The issue's bar:
+the ratio within 1% of 1 with the high-precision backward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+if __package__ in (None, ""):
+    sys.path.append(str(Path(__file__).resolve().parents[1]))
+
+import sageattention as sa  # noqa: E402
+from sageattention import autograd  # noqa: E402
+
+FULL = {
+    "layers": 4,
+    "d_model": 512,
+    "heads": 4,
+    "seq": 1024,
+    "batch": 8,
+    "vocab": 256,
+    "steps": 300,
+    "lr": 1e-3,
+}
+SMOKE = {"layers": 2, "d_model": 64, "heads": 2, "seq": 64, "batch": 4, "vocab": 32, "steps": 30, "lr": 3e-3}
+ATTN_DTYPE = torch.bfloat16
+
+
+def sdpa_attention(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def sage_attention(q, k, v):
+    return sa.sageattn(q, k, v, tensor_layout="HND", is_causal=True)
+
+
+class Block(nn.Module):
+    def __init__(self, d_model: int, heads: int, attention):
+        super().__init__()
+        self.heads, self.attention = heads, attention
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.proj = nn.Linear(d_model, d_model, bias=False)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x):
+        b, n, c = x.shape
+        qkv = self.qkv(self.norm1(x)).view(b, n, 3, self.heads, c // self.heads)
+        q, k, v = (qkv[:, :, i].transpose(1, 2).to(ATTN_DTYPE) for i in range(3))  # [b, h, n, d]
+        att = self.attention(q, k, v).to(x.dtype).transpose(1, 2).reshape(b, n, c)
+        x = x + self.proj(att)
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyLM(nn.Module):
+    def __init__(self, cfg: dict, attention):
+        super().__init__()
+        self.embed = nn.Embedding(cfg["vocab"], cfg["d_model"])
+        self.pos = nn.Parameter(torch.randn(cfg["seq"], cfg["d_model"]) * 0.02)
+        self.blocks = nn.ModuleList(
+            Block(cfg["d_model"], cfg["heads"], attention) for _ in range(cfg["layers"])
+        )
+        self.norm = nn.LayerNorm(cfg["d_model"])
+        self.head = nn.Linear(cfg["d_model"], cfg["vocab"], bias=False)
+
+    def forward(self, ids):
+        x = self.embed(ids) + self.pos[: ids.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def batches(cfg: dict, device, seed: int):
+    """Induction data: a random first half, then the same tokens again."""
+    gen = torch.Generator().manual_seed(seed)
+    half = (cfg["seq"] + 1) // 2
+    for _ in range(cfg["steps"]):
+        first = torch.randint(0, cfg["vocab"], (cfg["batch"], half), generator=gen)
+        ids = torch.cat([first, first], dim=1)[:, : cfg["seq"] + 1]
+        yield ids.to(device)
+
+
+def train(cfg: dict, attention, device, seed: int) -> dict:
+    torch.manual_seed(seed)
+    model = TinyLM(cfg, attention).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=0.0)
+    warmup = max(1, cfg["steps"] // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+    losses, start = [], time.perf_counter()
+    for ids in batches(cfg, device, seed + 1):
+        logits = model(ids[:, :-1])
+        loss = F.cross_entropy(logits.float().reshape(-1, cfg["vocab"]), ids[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+        if not math.isfinite(losses[-1]):
+            break
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return {"losses": losses, "seconds": time.perf_counter() - start}
+
+
+def plot(report: dict, path: Path) -> bool:
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name in ("sdpa", "sageattn"):
+        ax.plot(report[name]["losses"], label=name, linewidth=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.set_yscale("log")
+    ax.set_title(
+        f"fine-tuning parity ({report['device']}): final loss ratio {report['final_loss_ratio']:.4f}"
+    )
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few steps (CPU)")
+    parser.add_argument("--steps", type=int, help="training steps (default 300; smoke 30)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--out", type=Path, help="JSON report (default bench/results/finetune_parity-<gpu>-<date>.json)"
+    )
+    parser.add_argument("--png", type=Path, help="loss-curve plot (default: next to --out)")
+    args = parser.parse_args(argv)
+    cfg = dict(SMOKE if args.smoke else FULL)
+    if args.steps:
+        cfg["steps"] = args.steps
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    date = datetime.date.today().isoformat()
+    out = args.out or Path("bench/results") / f"finetune_parity-{name.replace(' ', '_')}-{date}.json"
+    png = args.png or out.with_suffix(".png")
+    warnings.simplefilter("ignore", sa.SageAttentionFallbackWarning)  # on a CPU sageattn runs SDPA
+    heads_dim = cfg["d_model"] // cfg["heads"]
+    probe = torch.empty(1, cfg["heads"], cfg["seq"], heads_dim, device=device, dtype=ATTN_DTYPE)
+    report = {
+        "device": name,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": date,
+        "config": cfg,
+        "steps": cfg["steps"],
+        "backward": autograd.backward_for(probe, probe, is_causal=True),
+        "sdpa": train(cfg, sdpa_attention, device, args.seed),
+        "sageattn": train(cfg, sage_attention, device, args.seed),
+    }
+    tail = min(10, len(report["sdpa"]["losses"]), len(report["sageattn"]["losses"]))
+    final = {k: sum(report[k]["losses"][-tail:]) / tail for k in ("sdpa", "sageattn")}
+    report["final_loss"] = final
+    report["final_loss_ratio"] = final["sageattn"] / final["sdpa"]
+    report["within_1_percent"] = abs(report["final_loss_ratio"] - 1) <= 0.01
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    plotted = plot(report, png)
+    print(
+        f"{name}: final loss sdpa {final['sdpa']:.4f}, sageattn {final['sageattn']:.4f}, "
+        f"ratio {report['final_loss_ratio']:.4f} (backward: {report['backward']}); "
+        f"{out}{' and ' + str(png) if plotted else ''}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

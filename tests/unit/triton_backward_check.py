@@ -1,0 +1,140 @@
+"""The Triton backward kernels under Triton's CPU interpreter, against float64 autograd.
+
+Run by tests/unit/test_autograd.py with TRITON_INTERPRET=1 (a separate process: the variable must be
+set before triton is imported). The kernels are fed the exact O and LSE, so what is left is their
+FP16 products and FP32 accumulation: a wrong tile, mask, group or scale fails by far. float16 only:
+the interpreter of Triton 3.8 computes tl.dot of bfloat16 operands wrongly (bf16 runs on the GPU
+tests). Prints "triton backward ok" at the end.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+import torch
+import triton.runtime.interpreter as interp
+
+_patch = interp._patch_lang_tensor
+
+
+def _patched(tensor, scope):
+    _patch(tensor, scope)
+    # numpy 2 refuses int() of a 1-element 1-D array, which the interpreter uses for loop bounds.
+    scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+
+interp._patch_lang_tensor = _patched
+
+from sageattention import autograd  # noqa: E402
+from sageattention.reference import attention_ref  # noqa: E402
+from sageattention.triton import backward  # noqa: E402
+
+MIN_COS, MAX_L1 = 0.9999, 0.01
+failures = []
+
+
+def check(what, got, ref):
+    cos = float(got.double().flatten() @ ref.flatten() / (got.double().norm() * ref.norm()).clamp_min(1e-300))
+    l1 = float((got.double() - ref).abs().sum() / ref.abs().sum().clamp_min(1e-300))
+    ok = torch.isfinite(got).all() and got.abs().sum() > 0 and cos >= MIN_COS and l1 <= MAX_L1
+    print(f"{what}: cos {cos:.6f} rel L1 {l1:.2e}{'' if ok else '  FAIL'}")
+    if not ok:
+        failures.append(what)
+
+
+def reference(q, k, v, do, dlse, causal, mask, scale):
+    qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
+    out, lse = attention_ref(qd, kd, vd, is_causal=causal, attn_mask=mask, sm_scale=scale, return_lse=True)
+    loss = (out * do.double()).sum()
+    if dlse is not None:
+        loss = loss + (torch.where(torch.isinf(lse), 0.0, lse) * dlse.double()).sum()
+    loss.backward()
+    return out.detach(), lse.detach(), (qd.grad, kd.grad, vd.grad)
+
+
+gen = torch.Generator().manual_seed(0)
+
+
+def randn(*shape):
+    return torch.randn(*shape, generator=gen)
+
+
+CASES = [
+    # b, hq, hkv, nq, nk, d, layout, causal, mask, dlse, saved lse
+    (1, 2, 2, 1, 17, 32, "HND", False, None, False, True),  # one query (decoding)
+    (1, 2, 1, 17, 17, 32, "HND", True, None, True, True),
+    (2, 2, 1, 113, 113, 64, "NHD", True, None, False, True),
+    (1, 4, 2, 17, 113, 64, "HND", False, "bool", True, True),
+    (1, 2, 2, 113, 17, 40, "NHD", True, "additive", False, False),
+    (1, 2, 1, 33, 50, 96, "HND", True, "bool", True, False),
+]
+for b, hq, hkv, nq, nk, d, layout, causal, mask_kind, with_dlse, with_lse in CASES:
+    shape_q, shape_k = (b, hq, nq, d), (b, hkv, nk, d)
+    q, k, v = randn(*shape_q).half(), randn(*shape_k).half(), randn(*shape_k).half()
+    do = randn(*shape_q).half()
+    if layout == "NHD":  # HND views of NHD memory, as the API passes them
+        q, k, v, do = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v, do))
+    mask = None
+    if mask_kind is not None:
+        keep = torch.rand(b, 1, nq, nk, generator=gen) > 0.3
+        keep[..., 0] = True
+        if mask_kind == "bool":
+            keep[0, 0, nq // 2] = False  # an empty row
+            mask = keep
+        else:
+            mask = torch.where(keep, randn(b, 1, nq, nk), -math.inf).half()
+    dlse = randn(b, hq, nq) if with_dlse else None
+    scale = 0.3 if d == 40 else 1 / math.sqrt(d)
+    out, lse, ref = reference(q, k, v, do, dlse, causal, mask, scale)
+    got = backward.attention_bwd(
+        do,
+        q,
+        k,
+        v,
+        out.half(),
+        lse.float() if with_lse else None,
+        dlse,
+        attn_mask=mask,
+        is_causal=causal,
+        sm_scale=scale,
+    )
+    name = f"b{b} h{hq}/{hkv} n{nq}x{nk} d{d} {layout} causal={causal} mask={mask_kind} dlse={with_dlse}"
+    for t, g, r, x in zip("qkv", got, ref, (q, k, v)):
+        check(f"{name} d{t}", g, r)
+        if g.stride() != x.stride():
+            failures.append(f"{name} d{t} strides {g.stride()} != {x.stride()}")
+
+# Packed sequences (the LSE is recomputed by the kernels), GQA 2:1, causal and not.
+lens_q, lens_k = [5, 17, 1, 40], [9, 17, 3, 40]
+cu_q = torch.tensor([0, *np.cumsum(lens_q)], dtype=torch.int32)
+cu_k = torch.tensor([0, *np.cumsum(lens_k)], dtype=torch.int32)
+for causal in (False, True):
+    q, do = randn(sum(lens_q), 4, 64).half(), randn(sum(lens_q), 4, 64).half()
+    k, v = randn(sum(lens_k), 2, 64).half(), randn(sum(lens_k), 2, 64).half()
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    refs = [torch.zeros(x.shape, dtype=torch.float64) for x in (q, k, v)]
+    for i in range(len(lens_q)):
+        sq, sk = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
+        parts = [x[s].transpose(0, 1)[None] for x, s in ((q, sq), (k, sk), (v, sk), (do, sq))]
+        o, _, g = reference(*parts, None, causal, None, 0.125)
+        out[sq] = o[0].transpose(0, 1)
+        for r, gi, s in zip(refs, g, (sq, sk, sk)):
+            r[s] = gi[0].transpose(0, 1)
+    got = backward.varlen_bwd(do, q, k, v, out.half(), cu_q, cu_k, 40, 40, is_causal=causal, sm_scale=0.125)
+    for t, g, r in zip("qkv", got, refs):
+        check(f"varlen causal={causal} d{t}", g, r)
+
+# The table picks the Triton backward on the CPU under the interpreter, and the glue feeds it.
+q, k, v, do = (randn(1, 2, 17, 32).half() for _ in range(4))
+out, lse, ref = reference(q, k, v, do, None, True, None, 0.2)
+assert autograd.backward_for(q, k, is_causal=True) == "triton", autograd.backward_for(q, k, is_causal=True)
+got = autograd._dense_backward(do, q, k, v, out.half(), lse.float(), None, None, True, 0.2)
+for t, g, r in zip("qkv", got, ref):
+    check(f"through the table d{t}", g, r)
+
+if failures:
+    print("FAILED:", *failures, sep="\n  ")
+    sys.exit(1)
+print("triton backward ok")
