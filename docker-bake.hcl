@@ -39,16 +39,18 @@ variable "CUDA_IMAGE_DISTRO" {
 # The pull-request build.
 group "default" {
   targets = [
-    "linux-sageattention-pytorch28-cu129-python312",
+    "linux-sageattention-abi3-cu130-python312",
   ]
 }
 
 # Every linux wheel.
 group "linux" {
   targets = [
-    "linux-sageattention-pytorch28-cu129-python312",
+    "linux-sageattention-abi3-cu130-python312",
+    "linux-sageattention-abi3-cu128-python312",
     "linux-sageattention-pytorch26-cu126-python312",
     "linux-sageattention-pytorch27-cu128-python312",
+    "linux-sageattention-pytorch28-cu129-python312",
     "linux-sageattention-pytorch26-cu126-python39",
     "linux-sageattention-pytorch26-cu126-python310",
     "linux-sageattention-pytorch26-cu126-python311",
@@ -117,7 +119,7 @@ group "linux" {
     "linux-sageattention-pytorch2141-cu130-python311",
     "linux-sageattention-pytorch2141-cu130-python313",
     "linux-sageattention-pytorch2141-cu130-python314",
-    "linux-sageattention-pytorch2141-cu130-python311-sm90a",
+    "linux-sageattention-abi3-cu130-python311-sm90a",
     "linux-sageattn3-pytorch29-cu128-python312",
     "linux-sageattn3-pytorch29-cu130-python312",
     "linux-sageattn3-pytorch2141-cu128-python312",
@@ -134,9 +136,11 @@ group "all" {
 
 group "test-all" {
   targets = [
-    "test-linux-sageattention-pytorch28-cu129-python312",
+    "test-linux-sageattention-abi3-cu130-python312",
+    "test-linux-sageattention-abi3-cu128-python312",
     "test-linux-sageattention-pytorch26-cu126-python312",
     "test-linux-sageattention-pytorch27-cu128-python312",
+    "test-linux-sageattention-pytorch28-cu129-python312",
     "test-linux-sageattention-pytorch26-cu126-python39",
     "test-linux-sageattention-pytorch26-cu126-python310",
     "test-linux-sageattention-pytorch26-cu126-python311",
@@ -205,7 +209,7 @@ group "test-all" {
     "test-linux-sageattention-pytorch2141-cu130-python311",
     "test-linux-sageattention-pytorch2141-cu130-python313",
     "test-linux-sageattention-pytorch2141-cu130-python314",
-    "test-linux-sageattention-pytorch2141-cu130-python311-sm90a",
+    "test-linux-sageattention-abi3-cu130-python311-sm90a",
     "test-linux-sageattn3-pytorch29-cu128-python312",
     "test-linux-sageattn3-pytorch29-cu130-python312",
     "test-linux-sageattn3-pytorch2141-cu128-python312",
@@ -215,9 +219,11 @@ group "test-all" {
 
 group "sageattention" {
   targets = [
-    "linux-sageattention-pytorch28-cu129-python312",
+    "linux-sageattention-abi3-cu130-python312",
+    "linux-sageattention-abi3-cu128-python312",
     "linux-sageattention-pytorch26-cu126-python312",
     "linux-sageattention-pytorch27-cu128-python312",
+    "linux-sageattention-pytorch28-cu129-python312",
     "linux-sageattention-pytorch26-cu126-python39",
     "linux-sageattention-pytorch26-cu126-python310",
     "linux-sageattention-pytorch26-cu126-python311",
@@ -286,7 +292,7 @@ group "sageattention" {
     "linux-sageattention-pytorch2141-cu130-python311",
     "linux-sageattention-pytorch2141-cu130-python313",
     "linux-sageattention-pytorch2141-cu130-python314",
-    "linux-sageattention-pytorch2141-cu130-python311-sm90a",
+    "linux-sageattention-abi3-cu130-python311-sm90a",
   ]
 }
 
@@ -404,6 +410,8 @@ group "pytorch213" {
 
 group "pytorch214" {
   targets = [
+    "linux-sageattention-abi3-cu130-python312",
+    "linux-sageattention-abi3-cu128-python312",
     "linux-sageattention-pytorch2141-cu130-python312",
     "linux-sageattention-pytorch2141-cu128-python310",
     "linux-sageattention-pytorch2141-cu128-python311",
@@ -414,7 +422,7 @@ group "pytorch214" {
     "linux-sageattention-pytorch2141-cu130-python311",
     "linux-sageattention-pytorch2141-cu130-python313",
     "linux-sageattention-pytorch2141-cu130-python314",
-    "linux-sageattention-pytorch2141-cu130-python311-sm90a",
+    "linux-sageattention-abi3-cu130-python311-sm90a",
     "linux-sageattn3-pytorch2141-cu128-python312",
     "linux-sageattn3-pytorch2141-cu130-python312",
   ]
@@ -422,7 +430,14 @@ group "pytorch214" {
 
 group "profile-default" {
   targets = [
-    "linux-sageattention-pytorch28-cu129-python312",
+    "linux-sageattention-abi3-cu130-python312",
+  ]
+}
+
+group "profile-abi3-release" {
+  targets = [
+    "linux-sageattention-abi3-cu128-python312",
+    "linux-sageattention-abi3-cu130-python312",
   ]
 }
 
@@ -669,7 +684,7 @@ group "profile-sage2-current" {
 
 group "profile-ci-build" {
   targets = [
-    "linux-sageattention-pytorch2141-cu130-python311-sm90a",
+    "linux-sageattention-abi3-cu130-python311-sm90a",
   ]
 }
 
@@ -765,19 +780,36 @@ target "toolchain-cu130" {
   output   = ["type=docker"]
 }
 
-# sageattention-2.2.0-280.129-cp312-cp312-linux_x86_64.whl: torch 2.8.0, CUDA 12.9, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
-target "linux-sageattention-pytorch28-cu129-python312" {
-  inherits = ["_linux", "_cu129"]
+# sageattention-2.2.0-cp310-abi3-linux_x86_64.whl: torch 2.14.1, CUDA 13.0, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-sageattention-abi3-cu130-python312" {
+  inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
-    BUILD_ID   = "linux-sageattention-pytorch28-cu129-python312"
+    BUILD_ID   = "linux-sageattention-abi3-cu130-python312"
     PYTHON_ABI = "cp312-cp312"
   }
   output   = ["type=local,dest=${WHEELHOUSE}"]
 }
 
-target "test-linux-sageattention-pytorch28-cu129-python312" {
-  inherits = ["linux-sageattention-pytorch28-cu129-python312"]
+target "test-linux-sageattention-abi3-cu130-python312" {
+  inherits = ["linux-sageattention-abi3-cu130-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0+cu12-cp310-abi3-linux_x86_64.whl: torch 2.14.1, CUDA 12.8, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-sageattention-abi3-cu128-python312" {
+  inherits = ["_linux", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-sageattention-abi3-cu128-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-sageattention-abi3-cu128-python312" {
+  inherits = ["linux-sageattention-abi3-cu128-python312"]
   target   = "test"
   output   = ["type=cacheonly"]
 }
@@ -812,6 +844,23 @@ target "linux-sageattention-pytorch27-cu128-python312" {
 
 target "test-linux-sageattention-pytorch27-cu128-python312" {
   inherits = ["linux-sageattention-pytorch27-cu128-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-280.129-cp312-cp312-linux_x86_64.whl: torch 2.8.0, CUDA 12.9, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-sageattention-pytorch28-cu129-python312" {
+  inherits = ["_linux", "_cu129"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-sageattention-pytorch28-cu129-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-sageattention-pytorch28-cu129-python312" {
+  inherits = ["linux-sageattention-pytorch28-cu129-python312"]
   target   = "test"
   output   = ["type=cacheonly"]
 }
@@ -1972,19 +2021,19 @@ target "test-linux-sageattention-pytorch2141-cu130-python314" {
   output   = ["type=cacheonly"]
 }
 
-# sageattention-2.2.0-2141.130-cp311-cp311-linux_x86_64.whl: torch 2.14.1, CUDA 13.0, Python 3.11, archs 9.0a
-target "linux-sageattention-pytorch2141-cu130-python311-sm90a" {
+# sageattention-2.2.0-cp310-abi3-linux_x86_64.whl: torch 2.14.1, CUDA 13.0, Python 3.11, archs 9.0a
+target "linux-sageattention-abi3-cu130-python311-sm90a" {
   inherits = ["_linux", "_cu130"]
   target   = "wheel"
   args     = {
-    BUILD_ID   = "linux-sageattention-pytorch2141-cu130-python311-sm90a"
+    BUILD_ID   = "linux-sageattention-abi3-cu130-python311-sm90a"
     PYTHON_ABI = "cp311-cp311"
   }
   output   = ["type=local,dest=${WHEELHOUSE}"]
 }
 
-target "test-linux-sageattention-pytorch2141-cu130-python311-sm90a" {
-  inherits = ["linux-sageattention-pytorch2141-cu130-python311-sm90a"]
+target "test-linux-sageattention-abi3-cu130-python311-sm90a" {
+  inherits = ["linux-sageattention-abi3-cu130-python311-sm90a"]
   target   = "test"
   output   = ["type=cacheonly"]
 }
