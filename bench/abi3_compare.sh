@@ -46,4 +46,23 @@ for pair in abi3:/tmp/site per-torch:/tmp/base; do
   (cd /tmp/benchroot && PYTHONPATH=$site timeout 120 python bench/host_overhead.py --out "$OUT/host-$name.json" \
     2>&1 | tail -8)
 done
+for extra in ${EXTRA:-}; do
+  case $extra in
+    backward)
+      step "training: backward GPU tests ran in the suite; forward + backward against cuDNN"
+      (cd /tmp/benchroot && PYTHONPATH=/tmp/site timeout "${BACKWARD_TIMEOUT:-150}" python bench/backward.py \
+        --out "$OUT/backward.json" 2>&1 | tail -25) ;;
+    parity)
+      step "training: fine-tuning parity"
+      (cd /tmp/benchroot && PYTHONPATH=/tmp/site timeout "${PARITY_TIMEOUT:-120}" python bench/finetune_parity.py \
+        --out "$OUT/finetune-parity.json" 2>&1 | tail -8) ;;
+    native)
+      step "host time by layer"
+      (cd /tmp && PYTHONPATH=/tmp/site timeout 120 python "$repo/bench/host_native.py" --out "$OUT/host-native.json" \
+        2>&1 | grep " us$") ;;
+  esac
+done
 step done
+# Everything in one archive: the tool brings back a handful of files.
+(cd "$OUT" && tar czf results.tgz --exclude results.tgz --exclude run.log ./* && find . -type f ! -name results.tgz \
+  ! -name run.log -delete)

@@ -47,7 +47,7 @@ FUSED, SM80, SM89, SM90 = "_fused", "_qattn_sm80", "_qattn_sm89", "_qattn_sm90"
 _F32, _I8 = torch.float32, torch.int8
 #: sage::PvAccum codes (csrc/include/sage_attn_mma.h) of each kernel's pv_accum strings.
 _SM80_ACCUM = {"fp32": 0, "fp16+fp32": 1}
-_SM89_ACCUM = {"fp32": 0, "fp32+fp16": 1, "fp32+fp32": 2}
+_SM89_ACCUM = {"fp32": 0, "fp32+fp32": 2, "fp32+fp16": 1}
 #: Keys per K scale of the sm_90a kernel and its Vᵀ key padding (csrc/sm90/attn.h).
 _SM90_KEY_BLOCK, _KEY_GROUP = 128, 16
 
@@ -96,7 +96,8 @@ def _attn_outputs(like, b, hq, nq, d, out_dtype, out_nhd, return_lse):
 
 def _accum(op: str, table: dict, pv_accum: str) -> int:
     if pv_accum not in table:
-        valid = " or ".join(repr(v) for v in table)
+        names = [repr(v) for v in table]
+        valid = ", ".join(names[:-1]) + " or " + names[-1]
         raise RuntimeError(f"sageattention::{op}: pv_accum must be {valid}, got {pv_accum!r}")
     return table[pv_accum]
 

@@ -241,14 +241,19 @@ def _dkdv_kernel(
 
 @triton.jit
 def _dq_kernel(
-    Q, K, V, DO, LSE2, DELTA, MASK, DQ, cu_q, cu_k,
+    Q, K, V, DO, LSE2, DELTA, MASK, DQ, KMEAN, DLSE, cu_q, cu_k,
     s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, s_dob, s_doh, s_don,
     s_dqb, s_dqh, s_dqn, s_mb, s_mh, s_mm, s_mn,
     NQ, NK, H, GROUP, qk_scale, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, VARLEN: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, VARLEN: tl.constexpr, HAS_DLSE: tl.constexpr,
 ):  # fmt: skip
-    """dQ of one block of BLOCK_M queries of head h, over every key it sees."""
+    """dQ of one block of BLOCK_M queries of head h, over every key it sees.
+
+    dQ_i = sum_j dS_ij (k_j - c) for any vector c, as sum_j dS_ij = 0: with c the keys' mean (KMEAN,
+    [B, Hkv, D] float32), K's common part (large for outlier inputs: a per-channel bias) drops out of the
+    sum, and with it the error that the quantized forward's O and LSE leave in sum_j dS_ij. With the LSE's
+    gradient, sum_j dS_ij is dlse_i instead of 0 (DLSE, in the statistics' layout), added back exactly."""
     pid, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q0, len_q, k0, len_k = _seq_bounds(cu_q, cu_k, b, NQ, NK, VARLEN)
     start_m = pid * BLOCK_M
@@ -276,6 +281,7 @@ def _dq_kernel(
     v_base = V + b64 * s_vb + hk64 * s_vh
     m_base = MASK + b64 * s_mb + h64 * s_mh
     dq = tl.zeros([BLOCK_M, D_PAD], tl.float32)
+    ds_sum = tl.zeros([BLOCK_M], tl.float32)
     hi = len_k
     if IS_CAUSAL:
         hi = tl.minimum(len_k, start_m + BLOCK_M)
@@ -292,6 +298,15 @@ def _dq_kernel(
         dp = tl.dot(do, tl.trans(v))
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k)
+        ds_sum += tl.sum(ds, 1)
+    if VARLEN:
+        km_base = KMEAN + hk64 * HEAD_DIM
+    else:
+        km_base = KMEAN + (b64 * (H // GROUP) + hk64) * HEAD_DIM
+    kmean = tl.load(km_base + cols_d, mask=d_ok, other=0.0)
+    if HAS_DLSE:
+        ds_sum -= tl.load(DLSE + stat_base + rows, mask=row_ok, other=0.0)
+    dq -= ds_sum[:, None] * kmean[None, :]
     dq *= sm_scale
     tl.store(DQ + b64 * s_dqb + h64 * s_dqh + (q0 + rows)[:, None] * s_dqn + cols_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=qd_ok)  # fmt: skip
@@ -398,6 +413,10 @@ def _backward(do, q, k, v, out, lse, dlse, attn_mask, cu_q, cu_k, *, nq, nk, bat
                 num_stages=stages,
             )
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        # The keys' mean per (b, Hkv) ([1, Hkv] over the whole packed batch for varlen: any constant
+        # vector keeps dQ exact, see _dq_kernel).
+        kmean = k.mean(dim=2, dtype=torch.float32).contiguous()
+        dlse_rows = dlse.to(torch.float32).contiguous() if has_dlse else delta
         _dq_kernel[(triton.cdiv(nq, block_m), hq, batch)](
             q,
             k,
@@ -407,6 +426,8 @@ def _backward(do, q, k, v, out, lse, dlse, attn_mask, cu_q, cu_k, *, nq, nk, bat
             delta,
             mask,
             dq,
+            kmean,
+            dlse_rows,
             cu_q,
             cu_k,
             *_bhn(q, varlen),
@@ -428,6 +449,7 @@ def _backward(do, q, k, v, out, lse, dlse, attn_mask, cu_q, cu_k, *, nq, nk, bat
             IS_CAUSAL=is_causal,
             MASK_KIND=mask_kind,
             VARLEN=varlen,
+            HAS_DLSE=has_dlse,
             num_warps=warps,
             num_stages=stages,
         )
