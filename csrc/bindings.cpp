@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <initializer_list>
@@ -228,6 +229,31 @@ class DeviceGuard {
   int value = 0;
   check_cuda(cudaDeviceGetAttribute(&value, attr, device), "cudaDeviceGetAttribute");
   return value;
+}
+
+// A GPU's compute capability and SM count, asked of the driver once per device (three queries a call
+// otherwise, on a path whose host time short sequences feel).
+struct DeviceFacts {
+  int major, minor, sms;
+};
+[[maybe_unused]] DeviceFacts device_facts(int device) {
+  constexpr int kCached = 64;
+  static std::array<std::atomic<int64_t>, kCached> cache{};  // (major << 40) | (minor << 32) | sms; 0: unknown
+  if (device >= 0 && device < kCached) {
+    const int64_t packed = cache[device].load(std::memory_order_relaxed);
+    if (packed != 0) {
+      return {static_cast<int>(packed >> 40), static_cast<int>((packed >> 32) & 0xff),
+              static_cast<int>(packed & 0xffffffff)};
+    }
+  }
+  const DeviceFacts facts{device_attribute(cudaDevAttrComputeCapabilityMajor, device),
+                          device_attribute(cudaDevAttrComputeCapabilityMinor, device),
+                          device_attribute(cudaDevAttrMultiProcessorCount, device)};
+  if (device >= 0 && device < kCached) {
+    cache[device].store((int64_t{facts.major} << 40) | (int64_t{facts.minor} << 32) | facts.sms,
+                        std::memory_order_relaxed);
+  }
+  return facts;
 }
 
 [[maybe_unused]] bool is_half(const View& x) { return x.dtype == kF16 || x.dtype == kBF16; }
@@ -506,14 +532,14 @@ void check_tma_operand(const View& x, const char* name, int64_t dtype, const cha
 }
 
 void check_sm90_gpu(int device) {
-  const int major = device_attribute(cudaDevAttrComputeCapabilityMajor, device);
-  const int minor = device_attribute(cudaDevAttrComputeCapabilityMinor, device);
+  const DeviceFacts gpu = device_facts(device);
+  const int major = gpu.major, minor = gpu.minor;
   SAGE_CHECK(major == 9 && minor == 0, "the sm_90a attention kernel needs an sm_90 GPU (H100, H200, H20), got sm_",
              major, minor);
 }
 
 sage::AttnSm90Split split_plan_on(const sage::AttnSm90Args& a, int device) {
-  const int sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
+  const int sms = device_facts(device).sms;
   return sage::attn_sm90_split_plan(a.batch, a.heads_q, a.nq, a.nk, a.d_pad, a.causal, sms);
 }
 
@@ -800,8 +826,8 @@ SAGE_OP(qk_int8_sv_f8_attn_sm89) {
                StridesOf{vt_fp8});
     SAGE_CHECK(v_scale.defined() && v_scale.dtype == kF32 && v_scale.dim() == 3,
                "v_scale must be a 3-d float32 tensor [B, Hkv, D], got ", DtypeOf{v_scale}, " ", SizesOf{v_scale});
-    const int major = device_attribute(cudaDevAttrComputeCapabilityMajor, q_int8.device);
-    const int minor = device_attribute(cudaDevAttrComputeCapabilityMinor, q_int8.device);
+    const DeviceFacts gpu = device_facts(q_int8.device);
+    const int major = gpu.major, minor = gpu.minor;
     SAGE_CHECK(major * 10 + minor >= 89, "qk_int8_sv_f8_attn_sm89 needs an sm_89 or newer GPU (FP8 MMA), got sm_",
                major, minor);
     sage::AttnSm89Args args = mma_common_args(q_int8, k_int8, q_scale, k_scale, corr, is_causal, return_lse,

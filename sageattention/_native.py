@@ -186,6 +186,33 @@ class Library:
         return tuple(ret)
 
 
+class Plan:
+    """An op call packed once for a signature (shapes, strides, dtypes, devices, scalars): later calls of
+    that signature change only the data pointers (``Library.run``)."""
+
+    __slots__ = ("fn", "floats", "ints", "library", "name", "slots", "words")
+
+    def __init__(self, library: Library, name: str, tensors, ints, floats) -> None:
+        self.library, self.name, self.fn = library, name, library.op(name)
+        self.words = array("q")
+        for t in tensors:
+            self.words.extend(_descriptor(t))
+        self.slots = tuple(i * DESC_WORDS for i, t in enumerate(tensors) if t is not None)
+        # Read by the C side only, never written: shared by every call of the plan.
+        self.ints, self.floats = array("q", ints or (0,)), array("d", floats or (0.0,))
+
+    def run(self, tensors, device: int) -> None:
+        """The op on ``tensors`` (the plan's tensors that are not None, in order) on ``device``'s stream."""
+        words = self.words[:]
+        for slot, t in zip(self.slots, tensors):
+            words[slot] = t.data_ptr()
+        ret = array("q", _RET_ZEROS)
+        status = self.fn(words.buffer_info()[0], self.ints.buffer_info()[0], self.floats.buffer_info()[0],
+                         _raw_stream(device), ret.buffer_info()[0])  # fmt: skip
+        if status != 0:
+            raise RuntimeError(f"sageattention::{self.name}: {self.library.last_error()}")
+
+
 def load(module: str) -> tuple[Library | None, str | None]:
     """(Library, None) for ``sageattention.<module>``, or (None, why not); once per module."""
     if module not in _loaded:

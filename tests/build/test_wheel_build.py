@@ -1,16 +1,19 @@
-"""The real end-to-end build (marker ``build``): one wheel for sm_90a with the machine's PyTorch 2.14.1
-(CUDA 13.0 build) and nvcc 13.0, verified and installed into a fresh venv.
+"""The real end-to-end build (marker ``build``): the abi3 wheel for sm_90a, built with the machine's
+PyTorch 2.14.1 (CUDA 13.0 build) and nvcc 13.0, verified, installed into a fresh venv, and then installed
+beside another torch (2.13.0, a CPU build) that pip must leave alone, where the CPU API tests run
+against the installed wheel.
 
 Runs ``python -m sagebuild`` exactly as a person would. The build environment (torch and its CUDA
 libraries, a few GB) is cached under $SAGEBUILD_CACHE_DIR or .sagebuild/, so only the first run pays
 for it. Budget on a 2-core CI machine: about 2-3 minutes for the environment when cold, then the compile
-(seconds per kernel file; bindings.cpp, the one file with torch headers, takes longest).
+(seconds per kernel file; bindings.cpp includes no torch header).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -25,9 +28,13 @@ from sagebuild.matrix import REPO_ROOT, load
 
 pytestmark = pytest.mark.build
 
-TARGET = ("--torch", "2.14.1", "--cuda", "13.0", "--python", "3.11", "--archs", "9.0a")
-WHEEL = "sageattention-2.2.0-2141.130-cp311-cp311-linux_x86_64.whl"
+TARGET = ("--torch", "2.14.1", "--cuda", "13.0", "--python", "3.11", "--archs", "9.0a", "--wheel", "abi3")
+WHEEL = "sageattention-2.2.0-cp310-abi3-linux_x86_64.whl"
 BUDGET_S = 15 * 60
+#: Another torch than the build's, on the machine's disk (a CPU build: no GPU here), the floor's side.
+OTHER_TORCH = "torch==2.13.0"
+#: The CPU API tests that run against the wheel installed beside it.
+API_TESTS = ("tests/conftest.py", "tests/unit/test_api_checks.py", "tests/unit/test_api_fallback.py")
 
 
 def sagebuild(*args: str, timeout: float = BUDGET_S) -> tuple[subprocess.CompletedProcess, float]:
@@ -60,8 +67,9 @@ def test_real_wheel_build_and_verify(tmp_path):
         info = json.loads(archive.read("sageattention/_build_info.json"))
         metadata = archive.read("sageattention-2.2.0.dist-info/METADATA").decode()
         names = archive.namelist()
-    assert "Requires-Dist: torch==2.14.1" in metadata
+    assert "Requires-Dist: torch>=2.6.0" in metadata and "torch==" not in metadata
     assert info["archs"] == ["9.0a"] and info["torch"] == "2.14.1" and info["torch_cuda"] == "13.0"
+    assert info["wheel_kind"] == "abi3" and info["cuda_line"] == "13" and info["binding"] == "c-abi"
     planned = load().extension_plan("sageattention", ["9.0a"], REPO_ROOT)
     for plan in planned:
         module = plan.name.replace(".", "/")
@@ -69,7 +77,7 @@ def test_real_wheel_build_and_verify(tmp_path):
         assert present == (plan.skipped is None), f"{plan.name}: {plan.skipped or 'expected in the wheel'}"
 
     # verify again, as a separate step (a fresh venv that borrows the build environment's torch)
-    target = load().make_target("sageattention", "linux", "2.14.1", "13.0", "3.11", "9.0a")
+    target = load().make_target("sageattention", "linux", "2.14.1", "13.0", "3.11", "9.0a", "abi3")
     cache = sagebuild_build.cache_dir()
     env_python = Path(envs.venv_python(cache / "envs" / f"sageattention-py3.11-torch{target.torch}-cu130"))
     site = envs.site_packages(env_python)
@@ -78,10 +86,10 @@ def test_real_wheel_build_and_verify(tmp_path):
     )
     assert proc.returncode == 0, "verify failed (output above)"
     for line in (
-        "✓ PyTorch version tag: 2141 (2.14.1)",
-        "✓ CUDA version tag: 130 (13.0)",
-        "✓ Python version: 311 (3.11)",
-        "✓ METADATA: Requires-Dist torch==2.14.1 (matches the build tag)",
+        "✓ abi3 wheel: CUDA 13.x line (the default line, no local version), every torch >= 2.6.0",
+        "✓ METADATA: Requires-Dist torch>=2.6.0 (the abi3 floor, never an exact pin)",
+        "✓ torch-free sageattention/_qattn_sm90.abi3.so: links no libtorch",
+        "✓ abi3 claim: abi3audit finds only limited-API symbols of CPython 3.10",
         "✓ smoke test: fresh venv, import sageattention",
     ):
         assert line in proc.stdout
@@ -95,6 +103,37 @@ def test_real_wheel_build_and_verify(tmp_path):
         assert "sm_90a key loops: " in proc.stdout
     print(f"timings: build {build_s:.0f}s, verify {verify_s:.0f}s")
     assert build_s + verify_s < BUDGET_S
+    _under_another_torch(wheel, tmp_path)
+
+
+def _under_another_torch(wheel: Path, tmp_path: Path) -> None:
+    """The same wheel file beside torch 2.13.0: pip's resolution keeps that torch (--dry-run --report),
+    the install imports, and the CPU API tests pass against the installed package (not the checkout)."""
+    venv = tmp_path / "other-torch"
+    python = envs.create_venv(sys.executable, venv)
+    envs.pip(python, ["install", OTHER_TORCH, "pytest==9.2.0", "hypothesis==6.170.15", "numpy==2.4.1"])
+    report = tmp_path / "report.json"
+    envs.pip(python, ["install", "--dry-run", "--no-index", "--find-links", str(wheel.parent), "--report",
+                      str(report), str(wheel)])  # fmt: skip
+    planned = {item["metadata"]["name"] for item in json.loads(report.read_text())["install"]}
+    assert planned == {"sageattention"}, f"pip would also install {planned - {'sageattention'}}"
+    envs.pip(python, ["install", "--no-index", "--find-links", str(wheel.parent), str(wheel)])
+    tests = tmp_path / "api-tests"
+    for name in API_TESTS:
+        (tests / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO_ROOT / name, tests / name)
+    proc = subprocess.run(
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir",
+         str(tests), "-o", "markers=gpu: x", "-m", "not gpu", str(tests / "tests")],
+        cwd=str(tmp_path), capture_output=True, text=True, timeout=900, env=envs.clean_env(),
+    )  # fmt: skip
+    print(proc.stdout[-3000:], proc.stderr[-2000:])
+    assert proc.returncode == 0, "the CPU API tests failed beside torch 2.13.0 (output above)"
+    where = subprocess.run(
+        [str(python), "-c", "import torch, sageattention; print(torch.__version__, sageattention.__file__)"],
+        cwd=str(tmp_path), capture_output=True, text=True, env=envs.clean_env(),
+    )  # fmt: skip
+    assert where.stdout.startswith("2.13.0") and str(venv) in where.stdout, where.stdout + where.stderr
 
 
 def test_pure_python_wheel(tmp_path):

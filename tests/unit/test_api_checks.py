@@ -363,7 +363,8 @@ def test_checks_run_before_the_backend_is_looked_up():
 @pytest.mark.parametrize("arch", ["sm80", "sm89"])
 def test_launchers_check_pv_accum_before_loading_their_extensions(arch):
     """The compiled launchers name a bad pv_accum and the family's valid values; with a valid one they
-    go on to the extensions (not built here: RuntimeError saying which)."""
+    go on to the extensions (RuntimeError saying which is not built in a source tree; in an installed
+    wheel, that CPU tensors are not CUDA tensors)."""
     from sageattention import cuda_sm80, cuda_sm89
 
     launcher = {"sm80": cuda_sm80.attention_sm80, "sm89": cuda_sm89.attention_sm89}[arch]
@@ -373,7 +374,7 @@ def test_launchers_check_pv_accum_before_loading_their_extensions(arch):
     bad = rf"pv_accum='fp8' is not supported by the {arch} kernel; valid values"
     with pytest.raises(ValueError, match=bad):
         launcher(q, k, v, pv_accum="fp8", **flags)
-    with pytest.raises(RuntimeError, match="is not available"):
+    with pytest.raises(RuntimeError, match="is not available|must be a CUDA tensor"):
         launcher(q, k, v, pv_accum=accums[0], **flags)
     with pytest.raises(ValueError, match="head dim"):
         launcher(q[..., :3], k[..., :3], v[..., :3], pv_accum=accums[0], **flags)
@@ -381,12 +382,12 @@ def test_launchers_check_pv_accum_before_loading_their_extensions(arch):
 
 def test_sm90_launcher_checks_its_inputs_before_loading_its_extensions():
     """The sm_90a launcher has no pv_accum choice: its inputs are checked, then the extensions loaded
-    (not built here: RuntimeError saying which)."""
+    (RuntimeError: not built in a source tree; CPU tensors in an installed wheel)."""
     from sageattention import cuda_sm90
 
     q, k, v = qkv()
     flags = {"is_causal": False, "sm_scale": 0.25, "smooth_k": True, "return_lse": False}
-    with pytest.raises(RuntimeError, match="is not available"):
+    with pytest.raises(RuntimeError, match="is not available|must be a CUDA tensor"):
         cuda_sm90.attention_sm90(q, k, v, **flags)
     with pytest.raises(ValueError, match="head dim"):
         cuda_sm90.attention_sm90(q[..., :3], k[..., :3], v[..., :3], **flags)
