@@ -38,11 +38,17 @@ def check_qkv(q, k, v) -> None:
 
 
 def load_extensions(arch: str) -> None:
-    """Import the fused quantization ops and an arch family's kernels (importing registers the ops)."""
+    """Load the fused quantization ops and an arch family's kernels (loading registers the ops); once."""
+    if arch in _loaded:
+        return
     for module in (_ops.FUSED_EXTENSION, _ops.COMPILED_EXTENSIONS[arch]):
         loaded, reason = _ops._import_extension(module)
         if loaded is None:
             raise RuntimeError(f"sageattention.{module} is not available: {reason}")
+    _loaded.add(arch)
+
+
+_loaded: set[str] = set()  # arch families whose modules load
 
 
 def start_call(arch: str, q, k, v, *, check: bool, pv_accum: str | None = None, pv_accums: tuple = ()):
