@@ -100,3 +100,34 @@ def test_descriptors_carry_what_the_c_side_reads():
     assert _native._descriptor(None)[4] == -1
     with pytest.raises(ValueError, match="at most 4 dims"):
         _native._descriptor(torch.empty(1, 1, 1, 1, 1))
+
+
+def test_a_plan_keeps_everything_but_the_data_pointers(monkeypatch):
+    """attn_sm90's eager calls reuse a plan per signature: its words are the descriptors' with the data
+    pointers written in at the slots of the tensors that are present, for every call."""
+    import ctypes
+
+    import torch
+
+    seen = []
+
+    class Module:  # stands in for a loaded module: its op records the descriptor words it is passed
+        def op(self, name):
+            def fn(words, ints, floats, stream, ret):
+                seen.append([ctypes.cast(words, ctypes.POINTER(ctypes.c_int64))[i] for i in range(6 * step)])
+                return 0
+
+            return fn
+
+    step = _native.DESC_WORDS
+    monkeypatch.setattr(_native, "_raw_stream", lambda device: 0)
+    q, k, out, ws = (torch.empty(1, 2, 8, 64, dtype=torch.float16) for _ in range(4))
+    plan = _native.Plan(Module(), "attn_sm90", (q, k, k, out, None, ws), (0, 64, 1, 0), (0.1, 0.2))
+    assert plan.slots == (0, step, 2 * step, 3 * step, 5 * step)
+    assert list(plan.words[4 * step : 5 * step]) == list(_native._descriptor(None))
+    assert list(plan.words[1:5]) == [_native.DTYPE_CODES[torch.float16], 0, -1, 4]
+    for _ in range(2):
+        fresh = [torch.empty_like(q) for _ in range(5)]
+        plan.run(fresh, -1)
+        assert [seen[-1][slot] for slot in plan.slots] == [t.data_ptr() for t in fresh]
+        assert seen[-1][1:step] == list(plan.words[1:step])

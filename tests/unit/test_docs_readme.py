@@ -51,9 +51,10 @@ HERE = (
 )
 # Run by a test of the CPU suite with the same arguments: (file, what in it shows the run).
 BY_TESTS = {
-    "python -m sagebuild build --torch 2.14.1 --cuda 13.0 --python 3.11 --archs 9.0a": (
+    "python -m sagebuild build --torch 2.14.1 --cuda 13.0 --python 3.11 --archs 9.0a --wheel abi3": (
         "tests/build/test_wheel_build.py",
-        'TARGET = ("--torch", "2.14.1", "--cuda", "13.0", "--python", "3.11", "--archs", "9.0a")',
+        'TARGET = ("--torch", "2.14.1", "--cuda", "13.0", "--python", "3.11", "--archs", "9.0a", '
+        '"--wheel", "abi3")',
     ),
     # The README build command ends with this verification of the wheel it leaves in wheelhouse/ too.
     "python -m sagebuild verify wheelhouse/*.whl": (
