@@ -527,8 +527,13 @@ def _verify(path: Path, matrix: Matrix, options: VerifyOptions, report: Report) 
         report.skip(f"smoke test: skipped ({options.smoke_skip_reason})")
         return
     python = options.smoke_python
+    running = f"{sys.version_info[0]}.{sys.version_info[1]}"
     if python is None:
-        if name.python is None:
+        # An abi3 wheel installs on every CPython from its floor on: this one, where it is new enough.
+        abi3_fits = name.kind == "abi3" and tuple(map(int, running.split("."))) >= tuple(
+            map(int, name.python.split("."))
+        )
+        if name.python is None or abi3_fits:
             python = sys.executable
         else:
             try:
