@@ -4,7 +4,8 @@
 # GPU machine's torch and runs the GPU suite; the per-torch wheel of the libtorch binding it replaced is
 # built from $BASELINE (a copy of that commit's sources) meanwhile; then both run the same speed and
 # host-overhead benchmarks, one after the other, so that their ratios hold.
-# Usage: OUT=/dir WHEEL=path/to.whl BASELINE=.baseline bash bench/abi3_compare.sh
+# Usage: OUT=/dir WHEEL=path/to.whl BASELINE=.baseline [OVERLAY=1] [EXTRA="native backward parity"]
+#        [PYTEST_ARGS=...] bash bench/abi3_compare.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 repo=$(pwd)
@@ -16,6 +17,10 @@ step() { echo "== $* ($(date +%T))"; }
 if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
 rm -rf /tmp/site /tmp/base /tmp/basewheel /tmp/benchroot
 python -m pip install -q --no-deps --no-index --target /tmp/site "$WHEEL" || exit 1
+# OVERLAY=1: the checkout's Python files over the installed ones (a Python-only change on the wheel's modules).
+if [ "${OVERLAY:-0}" = 1 ]; then
+  cp "$repo"/sageattention/*.py /tmp/site/sageattention/ && cp "$repo"/sageattention/triton/*.py /tmp/site/sageattention/triton/
+fi
 (cd /tmp && PYTHONPATH=/tmp/site python -m sageattention env >"$OUT/env.txt" 2>&1); head -12 "$OUT/env.txt"
 
 step "baseline build (background)"

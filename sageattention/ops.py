@@ -204,24 +204,21 @@ def cuda_attention(q, k, v, *, arch, attn_mask, is_causal, sm_scale, return_lse,
     # No device switch here: every compiled op holds a CUDAGuard on its inputs' GPU (csrc/bindings.cpp)
     # and the torch reductions in the launchers run where their tensors are. This function is traced
     # by torch.compile, where a Python context manager of our own would break the graph.
-    launcher = getattr(_launcher_modules.get(arch) or _launcher_module(arch), _LAUNCHER_NAMES[arch])
+    # Imports here, not at the top: the launchers import cuda_common, which imports this module. (An
+    # import statement, which torch.compile traces; importlib.import_module it would not.)
+    if arch == "sm80":
+        from .cuda_sm80 import attention_sm80  # noqa: PLC0415
+
+        return attention_sm80(q, k, v, pv_accum=_pv_accum(arch, options), **args)
+    if arch == "sm89":
+        from .cuda_sm89 import attention_sm89  # noqa: PLC0415
+
+        return attention_sm89(q, k, v, pv_accum=_pv_accum(arch, options), **args)
     if arch == "sm90":
-        return launcher(q, k, v, **args)
-    return launcher(q, k, v, pv_accum=_pv_accum(arch, options), **args)
+        from .cuda_sm90 import attention_sm90  # noqa: PLC0415
 
-
-_launcher_modules: dict = {}  # arch -> sageattention.cuda_<arch>, imported on first use
-_LAUNCHER_NAMES = {arch: f"attention_{arch}" for arch in COMPILED_EXTENSIONS}
-
-
-def _launcher_module(arch: str) -> ModuleType:
-    """The launcher module of an arch family (it imports cuda_common, which imports this one: imported
-    here, once, rather than at the top)."""
-    if arch not in COMPILED_EXTENSIONS:
-        valid = ", ".join(COMPILED_EXTENSIONS)
-        raise ValueError(f"arch={arch!r} has no compiled kernels; valid values: {valid}")
-    _launcher_modules[arch] = importlib.import_module(f"sageattention.cuda_{arch}")
-    return _launcher_modules[arch]
+        return attention_sm90(q, k, v, **args)
+    raise ValueError(f"arch={arch!r} has no compiled kernels; valid values: {', '.join(COMPILED_EXTENSIONS)}")
 
 
 # --------------------------------------------------------------------------------------------------

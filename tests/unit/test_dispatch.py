@@ -393,3 +393,22 @@ def test_the_record_setup_py_writes_is_the_one_read(monkeypatch):
     for arch, capability in (("sm90", (9, 0)), ("sm89", (8, 9)), ("sm89", (12, 0)), ("sm80", (8, 6))):
         assert ops.cuda_image_missing_reason(arch, capability) is None, (arch, capability)
     assert "holds no code for this GPU (10.0;" in ops.cuda_image_missing_reason("sm89", (10, 0))
+
+
+@pytest.mark.parametrize("arch", ["sm80", "sm89", "sm90"])
+def test_cuda_attention_traces_in_one_graph(monkeypatch, arch):
+    """torch.compile(fullgraph=True) traces the way from ops.cuda_attention to each family's launcher
+    (the launchers themselves stand in here: no GPU): a lookup dynamo cannot trace (importlib, ctypes)
+    on that way breaks the graph on the GPU machine."""
+    module = importlib.import_module(f"sageattention.cuda_{arch}")
+    monkeypatch.setattr(module, f"attention_{arch}", lambda q, k, v, **kw: (q * 2, None))
+    monkeypatch.setattr(cuda_sm89, "fp16_accum_available", lambda: True)
+    torch._dynamo.reset()
+
+    def call(q):
+        return ops.cuda_attention(q, q, q, arch=arch, attn_mask=None, is_causal=False, sm_scale=0.125,
+                                  return_lse=False, smooth_k=True, pv=None,
+                                  options={"pv_accum": None})[0]  # fmt: skip
+
+    q = torch.randn(1, 2, 8, 64)
+    assert torch.equal(torch.compile(call, fullgraph=True, backend="eager")(q), q * 2)
