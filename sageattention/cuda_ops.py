@@ -192,15 +192,10 @@ def quant_qkv_sm90(launch, q, k, v, smooth_k, sm_scale, scale_mul, d_pad, with_c
      "Tensor? k_residual=None) -> (Tensor, Tensor)", lse_output=True)  # fmt: skip
 def qk_int8_sv_f16_attn(launch, q_int8, k_int8, v, q_scale, k_scale, corr, is_causal, return_lse, out_dtype,
                         out_nhd, pv_accum, k_residual=None):  # fmt: skip
-    name = "qk_int8_sv_f16_attn"
-    _need_dims(name, q_int8=(q_int8, 4), v=(v, 4))
-    accum = _accum(name, _SM80_ACCUM, pv_accum)
-    b, hq, nq, _ = q_int8.shape
-    out, lse = _attn_outputs(v, b, hq, nq, v.shape[-1], out_dtype, out_nhd, return_lse)
-    if launch is not None:
-        launch.call(name, (q_int8, k_int8, v, q_scale, k_scale, corr, k_residual, out, lse),
-                    (is_causal, return_lse, accum))  # fmt: skip
-    return out, lse
+    _need_dims("qk_int8_sv_f16_attn", v=(v, 4))
+    inputs = (q_int8, k_int8, v, q_scale, k_scale, corr, k_residual)
+    return _mma_attention("qk_int8_sv_f16_attn", _SM80_ACCUM, launch, inputs, v, v.shape[-1], is_causal,
+                          return_lse, out_dtype, out_nhd, pv_accum)  # fmt: skip
 
 
 @_op(SM89, "(Tensor q_int8, Tensor k_int8, Tensor vt_fp8, Tensor q_scale, Tensor k_scale, Tensor v_scale, "
@@ -208,14 +203,23 @@ def qk_int8_sv_f16_attn(launch, q_int8, k_int8, v, q_scale, k_scale, corr, is_ca
      "-> (Tensor, Tensor)", lse_output=True)  # fmt: skip
 def qk_int8_sv_f8_attn_sm89(launch, q_int8, k_int8, vt_fp8, q_scale, k_scale, v_scale, corr, is_causal,
                             return_lse, out_dtype, out_nhd, pv_accum):  # fmt: skip
-    name = "qk_int8_sv_f8_attn_sm89"
-    _need_dims(name, q_int8=(q_int8, 4), v_scale=(v_scale, 3))
-    accum = _accum(name, _SM89_ACCUM, pv_accum)
+    _need_dims("qk_int8_sv_f8_attn_sm89", v_scale=(v_scale, 3))
+    inputs = (q_int8, k_int8, vt_fp8, q_scale, k_scale, v_scale, corr)
+    return _mma_attention("qk_int8_sv_f8_attn_sm89", _SM89_ACCUM, launch, inputs, q_int8, v_scale.shape[-1],
+                          is_causal, return_lse, out_dtype, out_nhd, pv_accum)  # fmt: skip
+
+
+def _mma_attention(name, accums, launch, inputs, like, head_dim, is_causal, return_lse, out_dtype, out_nhd,
+                   pv_accum):  # fmt: skip
+    """The mma.sync attention ops: outputs [B, Hq, Nq, head_dim] like ``like`` (and the LSE), then the
+    launch on ``inputs`` (q_int8 first) with the accumulation's code from ``accums``."""
+    q_int8 = inputs[0]
+    _need_dims(name, q_int8=(q_int8, 4))
+    accum = _accum(name, accums, pv_accum)
     b, hq, nq, _ = q_int8.shape
-    out, lse = _attn_outputs(q_int8, b, hq, nq, v_scale.shape[-1], out_dtype, out_nhd, return_lse)
+    out, lse = _attn_outputs(like, b, hq, nq, head_dim, out_dtype, out_nhd, return_lse)
     if launch is not None:
-        launch.call(name, (q_int8, k_int8, vt_fp8, q_scale, k_scale, v_scale, corr, out, lse),
-                    (is_causal, return_lse, accum))  # fmt: skip
+        launch.call(name, (*inputs, out, lse), (is_causal, return_lse, accum))
     return out, lse
 
 

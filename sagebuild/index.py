@@ -139,14 +139,7 @@ def build_index(wheel_dir: Path, out_dir: Path, matrix: Matrix, copy: bool = Fal
         project = canonicalize_name(parse_wheel_filename(path.name)[0])
         variant, pure = None, False
         try:
-            name = tags.parse_wheel_name(
-                path.name,
-                matrix.torch,
-                matrix.cuda,
-                matrix.wheel_platforms(),
-                matrix.naming(),
-                matrix.abi3_entries(),
-            )
+            name = matrix.parse_wheel_name(path.name)
             pure = name.kind == "pure"
             if name.kind == "abi3":  # one index path per CUDA line: cu12/, cu13/
                 variant = f"cu{name.cuda}"

@@ -711,6 +711,12 @@ class Matrix:
     def naming(self) -> dict[str, str]:
         return {p.name: p.naming for p in self.packages.values()}
 
+    def parse_wheel_name(self, filename: str) -> tags.WheelName:
+        """A wheel file name of this matrix's packages, decoded (tags.parse_wheel_name with its facts)."""
+        return tags.parse_wheel_name(
+            filename, self.torch, self.cuda, self.wheel_platforms(), self.naming(), self.abi3_entries()
+        )
+
     def abi3_entries(self) -> dict[str, dict]:
         """The abi3 entry of each package that has torch-independent wheels."""
         return {p.name: dict(p.abi3) for p in self.packages.values() if p.abi3 is not None}

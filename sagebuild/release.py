@@ -15,7 +15,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import tags
 from .errors import SagebuildError, TagError, UsageError
 from .matrix import Matrix, Target
 
@@ -113,14 +112,7 @@ def check_release(
     for path in report.wheels:
         name = path.name
         try:
-            tags.parse_wheel_name(
-                name,
-                matrix.torch,
-                matrix.cuda,
-                matrix.wheel_platforms(),
-                matrix.naming(),
-                matrix.abi3_entries(),
-            )
+            matrix.parse_wheel_name(name)
         except TagError as exc:
             report.problems.append(str(exc))
             continue

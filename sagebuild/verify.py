@@ -384,14 +384,7 @@ def verify_wheel(path: Path, matrix: Matrix, options: VerifyOptions) -> Report:
 def _verify(path: Path, matrix: Matrix, options: VerifyOptions, report: Report) -> None:
     # 1. the name
     try:
-        name = tags.parse_wheel_name(
-            path.name,
-            matrix.torch,
-            matrix.cuda,
-            matrix.wheel_platforms(),
-            matrix.naming(),
-            matrix.abi3_entries(),
-        )
+        name = matrix.parse_wheel_name(path.name)
     except TagError as exc:
         report.fail(f"file name: {exc}")
         return
