@@ -36,6 +36,10 @@ DENSE_OPTIONS = (
 )
 #: The same for ``sageattn_varlen`` (no mask: packed sequences have their own masking).
 VARLEN_OPTIONS = ("qk_quant_gran", "pv_accum_dtype", "smooth_v", "quantization_backend")
+#: FlashAttention's names of two parameters, accepted by every entry point: alias -> parameter. Each means
+#: exactly the parameter (``causal`` is ``is_causal``, top-left aligned as in torch SDPA).
+ALIASES = {"causal": "is_causal", "softmax_scale": "sm_scale"}
+_ALIASES_HINT = ", ".join(f"{alias} (= {name})" for alias, name in ALIASES.items())
 
 _DTYPE_HINT = "torch.float16 or torch.bfloat16"
 
@@ -47,8 +51,35 @@ def check_kwargs(caller: str, kwargs: dict, valid: tuple[str, ...]) -> None:
         names = ", ".join(repr(n) for n in unknown)
         raise TypeError(
             f"{caller}() got unexpected keyword argument(s) {names}; "
-            f"valid extra keyword arguments: {', '.join(valid)}"
+            f"valid extra keyword arguments: {', '.join(valid)}; aliases: {_ALIASES_HINT}"
         )
+
+
+def resolve_aliases(caller: str, kwargs: dict, is_causal: object, sm_scale: object) -> tuple[object, object]:
+    """Take the aliases (``causal``, ``softmax_scale``) out of kwargs: (is_causal, sm_scale).
+
+    A parameter counts as given when it is not at its default (is_causal False, sm_scale None). An
+    alias and its parameter both given with different values raise TypeError; the same value twice is
+    accepted. Called only when kwargs is not empty.
+    """
+    if "causal" in kwargs:
+        causal = check_flag("causal", kwargs.pop("causal"))
+        if check_flag("is_causal", is_causal) and not causal:
+            raise TypeError(
+                f"{caller}() got is_causal={is_causal!r} and its alias causal=False; give one of them"
+            )
+        is_causal = causal
+    if "softmax_scale" in kwargs:
+        scale = kwargs.pop("softmax_scale")
+        if scale is not None:
+            scale = check_sm_scale(scale, 1, "softmax_scale")
+        if sm_scale is not None and (scale is None or check_sm_scale(sm_scale, 1) != scale):
+            raise TypeError(
+                f"{caller}() got sm_scale={sm_scale!r} and its alias softmax_scale={scale!r}; "
+                "give one of them"
+            )
+        sm_scale = scale
+    return is_causal, sm_scale
 
 
 def check_flag(name: str, value: object) -> bool:
@@ -149,15 +180,15 @@ def check_qkv(q: object, k: object, v: object, tensor_layout: str):
     return q, k, v
 
 
-def check_sm_scale(sm_scale: object, head_dim: int) -> float:
+def check_sm_scale(sm_scale: object, head_dim: int, name: str = "sm_scale") -> float:
     """The softmax scale as a positive finite Python float (default ``1/sqrt(head_dim)``)."""
     if sm_scale is None:
         return default_sm_scale(head_dim)
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
-        raise TypeError(f"sm_scale must be a Python float (or None), got {type(sm_scale).__name__}")
+        raise TypeError(f"{name} must be a Python float (or None), got {type(sm_scale).__name__}")
     value = float(sm_scale)
     if not (math.isfinite(value) and value > 0.0):
-        raise ValueError(f"sm_scale must be a positive finite number, got {sm_scale!r}")
+        raise ValueError(f"{name} must be a positive finite number, got {sm_scale!r}")
     return value
 
 

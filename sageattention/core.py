@@ -32,6 +32,7 @@ from ._checks import (
     check_quantization_backend,
     check_sm_scale,
     check_varlen,
+    resolve_aliases,
 )
 
 #: Values of the options a caller did not give (None: the backend's own choice).
@@ -79,6 +80,8 @@ def _options(caller, kwargs, valid, explicit, grans=None, accums=None) -> dict:
 def _attention(caller, forced, q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, explicit,
                grans=None, accums=None):  # fmt: skip
     """The one implementation behind every dense entry point."""
+    if kwargs:  # FlashAttention's names (causal, softmax_scale) of two parameters
+        is_causal, sm_scale = resolve_aliases(caller, kwargs, is_causal, sm_scale)
     opts = _options(caller, kwargs, DENSE_OPTIONS, explicit, grans, accums)
     layout = check_layout(tensor_layout)
     q, k, v = check_qkv(q, k, v, layout)
@@ -243,6 +246,8 @@ def sageattn_varlen(
     **kwargs: Any,
 ) -> torch.Tensor:
     caller = "sageattn_varlen"
+    if kwargs:
+        is_causal, sm_scale = resolve_aliases(caller, kwargs, is_causal, sm_scale)
     opts = _options(caller, kwargs, VARLEN_OPTIONS, {"smooth_k": smooth_k})
     opts.pop("attn_mask")
     cu_q, cu_k, max_q, max_k = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
@@ -271,7 +276,9 @@ _SHAPES = '[batch, {h}, {n}, head_dim] for tensor_layout "HND", [batch, {n}, {h}
 # The **kwargs text of both tables ({options} is filled in per function by _document).
 _KWARGS_DOC = (
     "Options by name: {{options}}. They are the parameters of the named variants; a backend ignores "
-    "those it has no use for{aside}. Any other name raises TypeError."
+    "those it has no use for{aside}. causal and softmax_scale, FlashAttention's names, are accepted as "
+    "aliases of is_causal and sm_scale (both given with different values: TypeError). Any other name "
+    "raises TypeError."
 )
 _PARAM_DOCS = {
     "q": (
