@@ -396,7 +396,7 @@ def bad_calls(draw):
         call[flag] = draw(st.sampled_from(["yes", None, 1.0, torch.tensor(True), [True]]))
         exc, pattern = TypeError, rf"^{flag} must be a bool"
     elif fault == "unknown_kwarg":
-        key = draw(st.sampled_from(["dropout_p", "scale", "atn_mask", "causal", "enable_gqa"]))
+        key = draw(st.sampled_from(["dropout_p", "scale", "atn_mask", "enable_gqa"]))
         call[key] = None
         exc, pattern = TypeError, rf"got unexpected keyword argument\(s\) '{key}'"
     elif fault == "option":
