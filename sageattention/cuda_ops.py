@@ -269,11 +269,7 @@ def qk_int8_sv_f8_attn_sm90(launch, q_int8, k_int8, vt_fp8, q_scale, k_scale, v_
 def attn_sm90(launch, q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, return_lse, out_nhd):
     _need_dims("attn_sm90", q=(q, 4), k=(k, 4))
     b, hq, nq, d = q.shape
-    if out_nhd:
-        out = q.new_empty((b, nq, hq, d)).transpose(1, 2)
-    else:
-        out = q.new_empty((b, hq, nq, d))
-    lse = q.new_empty((b, hq, nq), dtype=_F32) if return_lse else None
+    out, lse = _attn_outputs(q, b, hq, nq, d, q.dtype, out_nhd, return_lse)
     if launch is not None:
         # The call's plan (its packed arguments and workspace size) by everything but the data pointers:
         # the sm_90a path is the one whose host time short sequences feel (bench/host_native.py).
