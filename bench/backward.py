@@ -196,7 +196,7 @@ def main(argv=None) -> int:
             f"fwd 4*b*h*n*n*d (halved for causal); bwd {BWD_FLOP_RATIO}x fwd; "
             f"fwd+bwd {1 + BWD_FLOP_RATIO}x fwd"
         ),
-        "default_backward": autograd.DEFAULT_ORDER,
+        "default_backward": autograd.default_order(torch.cuda.get_device_capability()),
         "rows": rows,
         "sweep": sweeps,
     }

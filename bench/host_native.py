@@ -1,8 +1,9 @@
-"""Where an eager sm_90a call's host time goes, layer by layer: the whole ``sageattn`` call, the op's
-Python function (``cuda_ops.call``), its allocations alone (the fake path), the C ABI call through
-ctypes with the outputs already allocated, and the bare C function with its argument arrays already
-packed. Each is the host's time per call for a run issued back to back behind a busy GPU (as
-bench/host_overhead.py measures). A cProfile of sageattn's calls follows.
+"""Where an eager sm_90a call's host time goes, layer by layer: the whole ``sageattn`` call (planned: a
+signature seen before, HND and NHD; and the first call of a signature, the whole way), the op's Python
+function (``cuda_ops.call``), its allocations alone (the fake path), the C ABI call through ctypes with
+the outputs already allocated, and the bare C function with its argument arrays already packed. Each is
+the host's time per call for a run issued back to back behind a busy GPU (as bench/host_overhead.py
+measures). A cProfile of sageattn's calls follows.
 
     python bench/host_native.py [--calls 300] [--out host-native.json]
 """
@@ -20,7 +21,7 @@ import time
 
 import torch
 
-from sageattention import _native, cuda_ops, sageattn
+from sageattention import _native, cuda_ops, dispatch, sageattn
 from sageattention.quant import INT8_MAX, LOG2E
 
 SHAPES = [(1, 8, 256, 64), (2, 32, 128, 128), (4, 32, 1024, 128)]
@@ -56,8 +57,14 @@ def _shape_rows(lib, b, h, n, d, calls):
               (ctypes.c_double * 2)(*floats))  # fmt: skip
     fn, ret = lib.op("attn_sm90"), (ctypes.c_int64 * 4)()
     stream = _native._raw_stream(0)
+    qn, kn, vn = (x.transpose(1, 2).contiguous() for x in (q, k, v))
     entries = {
         "sageattn": lambda: sageattn(q, k, v, tensor_layout="HND"),
+        "sageattn NHD": lambda: sageattn(qn, kn, vn, tensor_layout="NHD"),
+        "sageattn, first call of a signature": lambda: (
+            dispatch._plans.clear(),
+            sageattn(q, k, v, tensor_layout="HND"),
+        ),
         "cuda_ops.call": lambda: cuda_ops.call("attn_sm90", *op_args),
         "allocations only (fake path)": lambda: cuda_ops.attn_sm90(None, *op_args),
         "Library.call (outputs given)": lambda: lib.call("attn_sm90", tensors, ints, floats),

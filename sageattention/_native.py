@@ -190,7 +190,7 @@ class Plan:
     """An op call packed once for a signature (shapes, strides, dtypes, devices, scalars): later calls of
     that signature change only the data pointers (``Library.run``)."""
 
-    __slots__ = ("fn", "floats", "ints", "library", "name", "slots", "words")
+    __slots__ = ("addresses", "fn", "floats", "ints", "library", "name", "slots", "words")
 
     def __init__(self, library: Library, name: str, tensors, ints, floats) -> None:
         self.library, self.name, self.fn = library, name, library.op(name)
@@ -198,17 +198,19 @@ class Plan:
         for t in tensors:
             self.words.extend(_descriptor(t))
         self.slots = tuple(i * DESC_WORDS for i, t in enumerate(tensors) if t is not None)
-        # Read by the C side only, never written: shared by every call of the plan.
+        # Read by the C side only, never written: shared by every call of the plan, as are their addresses
+        # (the arrays are never resized).
         self.ints, self.floats = array("q", ints or (0,)), array("d", floats or (0.0,))
+        self.addresses = (self.ints.buffer_info()[0], self.floats.buffer_info()[0])
 
     def run(self, tensors, device: int) -> None:
         """The op on ``tensors`` (the plan's tensors that are not None, in order) on ``device``'s stream."""
-        words = self.words[:]
+        words = self.words[:]  # a copy per call: calls from several threads may share the plan
         for slot, t in zip(self.slots, tensors):
             words[slot] = t.data_ptr()
         ret = array("q", _RET_ZEROS)
-        status = self.fn(words.buffer_info()[0], self.ints.buffer_info()[0], self.floats.buffer_info()[0],
-                         _raw_stream(device), ret.buffer_info()[0])  # fmt: skip
+        ints, floats = self.addresses
+        status = self.fn(words.buffer_info()[0], ints, floats, _raw_stream(device), ret.buffer_info()[0])
         if status != 0:
             raise RuntimeError(f"sageattention::{self.name}: {self.library.last_error()}")
 

@@ -26,6 +26,9 @@ on the host from metadata only:
     cudnn    torch's cuDNN backward, the same limits (head dim up to 128)
     torch    chunked float32 recompute in plain torch: anything, any device (the CPU fallback)
 
+flash and cudnn are fed K minus its mean over the keys and the LSE shifted to match (``_centered``), so
+that their dQ is the Triton backward's, scale * dS (K - mean). The order is per GPU
+(``default_order``): cudnn first on sm90, where it is the fastest, triton first elsewhere.
 ``set_backward_order`` reorders it (e.g. to measure one against another, bench/backward.py);
 ``backward_for`` tells which one a call would get.
 
@@ -168,9 +171,36 @@ def _philox(q: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=torch.int64, device=q.device)
 
 
+def _query_dot(q: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """q [B, H, N, D] dotted with c [B, H, D] over D, in float32: [B, H, N]. In chunks of heads of at
+    most _TORCH_BLOCK_ELEMENTS float32 elements (q's float32 copy would double its memory)."""
+    b, h, n, d = q.shape
+    dots = q.new_empty((b, h, n), dtype=torch.float32)
+    step = max(1, _TORCH_BLOCK_ELEMENTS // max(1, n * d))
+    for i in range(b):
+        for j in range(0, h, step):
+            chunk = q[i, j : j + step].float()
+            dots[i, j : j + step] = torch.matmul(chunk, c[i, j : j + step].unsqueeze(-1)).squeeze(-1)
+    return dots
+
+
+def _centered(q, k, lse, sm_scale):
+    """K minus its mean over the keys, and the LSE of the scores with it, for the backward kernels of
+    torch, which compute dQ = scale * dS K: fed these they compute scale * dS (K - mean), which is the
+    same in exact arithmetic (each row of dS sums to zero) but not with the quantized forward's O and
+    LSE, where the row sums are small but not zero and K's mean, large in real models, multiplies them
+    (the Triton backward's KMEAN form). P is unchanged: the scores of each query row shift by one
+    constant, q . mean, which the LSE takes. The mean is rounded to K's dtype: any vector would do, so
+    the one K minus it is computed with is the one the LSE shifts by."""
+    mean = k.mean(dim=2, keepdim=True, dtype=torch.float32).to(k.dtype)
+    shift = _query_dot(q, mean.squeeze(2).float())
+    return k - mean, lse - sm_scale * shift
+
+
 def _flash_dense(do, q, k, v, out, lse, dlse, mask, is_causal, sm_scale):
     del dlse, mask  # the predicate admits neither
     rng = _philox(q)
+    k, lse = _centered(q, k, lse, sm_scale)
     return torch.ops.aten._scaled_dot_product_flash_attention_backward(
         do, q, k, v, out, lse.contiguous(), None, None, q.shape[2], k.shape[2], 0.0, is_causal, rng, rng,
         scale=sm_scale,
@@ -180,6 +210,7 @@ def _flash_dense(do, q, k, v, out, lse, dlse, mask, is_causal, sm_scale):
 def _cudnn_dense(do, q, k, v, out, lse, dlse, mask, is_causal, sm_scale):
     del dlse, mask
     rng = _philox(q)
+    k, lse = _centered(q, k, lse, sm_scale)
     # cuDNN's statistics are [B, H, Nq, 1]; it wants dO laid out like O.
     do = torch.empty_like(out).copy_(do) if do.stride() != out.stride() else do
     return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
@@ -333,28 +364,40 @@ BACKWARDS = {
     )
 }
 
-#: The order the rows are tried in. Triton first: it serves every case; the measured choice between it
-#: and torch's kernels for the cases they share is for bench/backward.py to settle on each GPU.
+#: The order the rows are tried in, by GPU. On sm90 cuDNN's backward first: on an H200 it runs at 1.5x the
+#: Triton backward's TOPS (b=4 h=32 d=128 bf16, n=16384: 549 against 363;
+#: bench/results/backward-NVIDIA_H200-*.json); Triton serves what it cannot (masks, GQA, varlen, the
+#: LSE's gradient). Elsewhere Triton first, which serves every case: bench/backward.py settles the
+#: choice between it and torch's kernels on each GPU it runs on.
 DEFAULT_ORDER = ("triton", "flash", "cudnn", "torch")
-_order: list = list(DEFAULT_ORDER)
+DEVICE_ORDERS = {(9, 0): ("cudnn", "triton", "flash", "torch")}
+_chosen: list = [None]  # [the order set by set_backward_order], None: each device's default
 _decisions: dict = {}
 
 
+def default_order(capability) -> tuple:
+    """The order the backwards are tried in on a GPU of this capability (None: not a CUDA GPU)."""
+    return DEVICE_ORDERS.get(capability, DEFAULT_ORDER)
+
+
 def set_backward_order(order=None) -> None:
-    """Try the backwards in this order (names of BACKWARDS; None: the default). A single name
+    """Try the backwards in this order (names of BACKWARDS; None: each device's default). A single name
     forces that one: a call it cannot serve raises RuntimeError saying why."""
-    names = list(DEFAULT_ORDER if order is None else ([order] if isinstance(order, str) else order))
-    unknown = [n for n in names if n not in BACKWARDS]
-    if unknown:
-        raise ValueError(f"unknown backward(s) {unknown}; valid names: {', '.join(BACKWARDS)}")
-    _order[:] = names
+    if order is None:
+        _chosen[0] = None
+    else:
+        names = [order] if isinstance(order, str) else list(order)
+        unknown = [n for n in names if n not in BACKWARDS]
+        if unknown:
+            raise ValueError(f"unknown backward(s) {unknown}; valid names: {', '.join(BACKWARDS)}")
+        _chosen[0] = tuple(names)
     _decisions.clear()
 
 
 @contextlib.contextmanager
 def backward_order(order):
     """``with backward_order("flash"):`` the backwards of calls inside run in that order."""
-    before = list(_order)
+    before = _chosen[0]
     set_backward_order(order)
     try:
         yield
@@ -384,7 +427,8 @@ def choose(req: BackwardRequest) -> str:
     name = _decisions.get(req)
     if name is None:
         reasons = []
-        for candidate in _order:
+        order = _chosen[0] if _chosen[0] is not None else default_order(req.capability)
+        for candidate in order:
             impl = BACKWARDS[candidate]
             if req.varlen and impl.varlen is None:
                 why = "no packed-sequence support"

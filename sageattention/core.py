@@ -63,7 +63,10 @@ def _dispatch_head_dim(head_dim):
 
 
 def _options(caller, kwargs, valid, explicit, grans=None, accums=None) -> dict:
-    """Merge and check the quantization options (kwargs and the variant's own parameters)."""
+    """Merge and check the quantization options (kwargs and the variant's own parameters). The result
+    is read, never written: a call that gives no option gets one shared dict of the defaults."""
+    if not kwargs and not explicit:
+        return _DEFAULTS_CHECKED
     check_kwargs(caller, kwargs, valid)
     opts = {**_OPTION_DEFAULTS, **explicit, **kwargs}
     gran, accum = opts["qk_quant_gran"], opts["pv_accum_dtype"]
@@ -77,9 +80,36 @@ def _options(caller, kwargs, valid, explicit, grans=None, accums=None) -> dict:
     }
 
 
+#: The checked options of a call that gives none (``sageattn(q, k, v)``, the common case).
+_DEFAULTS_CHECKED = _options("sageattn", {"attn_mask": None}, DENSE_OPTIONS, {})
+
+
+def call_key(q, k, v, tensor_layout, is_causal, sm_scale, return_lse):
+    """The signature of a call without options, as dispatch.call_plan keys it: everything the checks,
+    the choice of a backend and the packed kernel arguments depend on. None for inputs that are not plain
+    tensors (subclasses go the whole way every time)."""
+    if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
+        return None
+    return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape,
+            v.stride(), v.dtype, v.device, tensor_layout, is_causal, sm_scale, return_lse)  # fmt: skip
+
+
 def _attention(caller, forced, q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, explicit,
                grans=None, accums=None):  # fmt: skip
-    """The one implementation behind every dense entry point."""
+    """The one implementation behind every dense entry point.
+
+    An eager call without options whose signature (call_key) has been served before runs its plan
+    (dispatch.call_plan), which the first call made: the same kernels on the same arguments, without
+    the checks and the layers in between. Calls that need a gradient never do."""
+    key = None
+    if not kwargs and not explicit and forced is None and not torch.compiler.is_compiling():
+        key = call_key(q, k, v, tensor_layout, is_causal, sm_scale, return_lse)
+        plan = dispatch.call_plan(key) if key is not None else None
+        if plan and not autograd.needs_grad(q, k, v):
+            out, lse = plan(q, k, v)
+            return (out, lse) if return_lse else out
+        if plan is False:  # seen before, no plan: nothing to remember
+            key = None
     if kwargs:  # FlashAttention's names (causal, softmax_scale) of two parameters
         is_causal, sm_scale = resolve_aliases(caller, kwargs, is_causal, sm_scale)
     opts = _options(caller, kwargs, DENSE_OPTIONS, explicit, grans, accums)
@@ -89,12 +119,14 @@ def _attention(caller, forced, q, k, v, tensor_layout, is_causal, sm_scale, retu
     is_causal = check_flag("is_causal", is_causal)
     return_lse = check_flag("return_lse", return_lse)
     sm_scale = check_sm_scale(sm_scale, head_dim)
-    mask = check_attn_mask(opts.pop("attn_mask"), q, k.shape[2])
+    mask = check_attn_mask(opts["attn_mask"], q, k.shape[2])
     if forced is not None:
         check_head_dim_for_kernels(caller, head_dim)
+    # q.is_cuda and q.get_device() say what q.device.type and .index say, at a fifth of the host time.
+    is_cuda = q.is_cuda
     name = dispatch.select(
-        q.device.type, q.device.index, q.dtype, _dispatch_head_dim(head_dim), mask is not None, False,
-        return_lse, forced, caller,
+        "cuda" if is_cuda else q.device.type, q.get_device() if is_cuda else q.device.index, q.dtype,
+        _dispatch_head_dim(head_dim), mask is not None, False, return_lse, forced, caller,
     )  # fmt: skip
     backend = dispatch.BACKENDS[name]
     if autograd.needs_grad(q, k, v, mask):  # training: the quantized forward, a recorded backward
@@ -107,6 +139,10 @@ def _attention(caller, forced, q, k, v, tensor_layout, is_causal, sm_scale, retu
             q, k, v, attn_mask=mask, is_causal=is_causal, sm_scale=sm_scale, return_lse=return_lse,
             smooth_k=opts["smooth_k"], pv=backend.pv, options=opts,
         )  # fmt: skip
+        if key is not None:  # served once: the plan of later calls like it
+            dispatch.remember_plan(key, backend, q, k, v, nhd=layout == "NHD", is_causal=is_causal,
+                                   sm_scale=sm_scale, smooth_k=opts["smooth_k"],
+                                   return_lse=return_lse)  # fmt: skip
     if layout == "NHD":
         out = out.transpose(1, 2)
     return (out, lse) if return_lse else out
@@ -249,7 +285,6 @@ def sageattn_varlen(
     if kwargs:
         is_causal, sm_scale = resolve_aliases(caller, kwargs, is_causal, sm_scale)
     opts = _options(caller, kwargs, VARLEN_OPTIONS, {"smooth_k": smooth_k})
-    opts.pop("attn_mask")
     cu_q, cu_k, max_q, max_k = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     head_dim = q.shape[-1]
     is_causal = check_flag("is_causal", is_causal)

@@ -85,13 +85,17 @@ def _need_dims(op: str, **tensors) -> None:
 
 
 def _attn_outputs(like, b, hq, nq, d, out_dtype, out_nhd, return_lse):
+    # new_empty_strided: a third of the host time of new_empty (and of a transposed one for NHD memory).
     if out_dtype not in (torch.float16, torch.bfloat16):
         raise RuntimeError(f"sageattention: out_dtype must be float16 or bfloat16, got {out_dtype}")
-    if out_nhd:
-        out = like.new_empty((b, nq, hq, d), dtype=out_dtype).transpose(1, 2)
-    else:
-        out = like.new_empty((b, hq, nq, d), dtype=out_dtype)
-    return out, (like.new_empty((b, hq, nq), dtype=_F32) if return_lse else None)
+    strides = (nq * hq * d, d, hq * d, 1) if out_nhd else (hq * nq * d, nq * d, d, 1)
+    out = like.new_empty_strided((b, hq, nq, d), strides, dtype=out_dtype)
+    return out, (like.new_empty_strided((b, hq, nq), (hq * nq, nq, 1), dtype=_F32) if return_lse else None)
+
+
+def _scratch(like, size: int):
+    """A uint8 workspace of ``size`` bytes on like's device."""
+    return like.new_empty_strided((size,), (1,), dtype=torch.uint8)
 
 
 def _accum(op: str, table: dict, pv_accum: str) -> int:
@@ -258,7 +262,7 @@ def qk_int8_sv_f8_attn_sm90(launch, q_int8, k_int8, vt_fp8, q_scale, k_scale, v_
             )
         size = _workspace(launch, "sage_qk_int8_sv_f8_attn_sm90_workspace_bytes", b, hq, nq, nk, d_pad,
                           is_causal, device)  # fmt: skip
-        workspace = q_int8.new_empty((size,), dtype=torch.uint8)
+        workspace = _scratch(q_int8, size)
         launch.call(name, (q_int8, k_int8, vt_fp8, q_scale, k_scale, v_scale, corr, out, lse, workspace),
                     (is_causal, return_lse))  # fmt: skip
     return out, lse
@@ -267,39 +271,78 @@ def qk_int8_sv_f8_attn_sm90(launch, q_int8, k_int8, vt_fp8, q_scale, k_scale, v_
 @_op(SM90, "(Tensor q, Tensor k, Tensor v, bool is_causal, float sm_scale, float scale_mul, int d_pad, "
      "bool smooth_k, bool return_lse, bool out_nhd) -> (Tensor, Tensor)", lse_output=True)  # fmt: skip
 def attn_sm90(launch, q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, return_lse, out_nhd):
-    _need_dims("attn_sm90", q=(q, 4), k=(k, 4))
-    b, hq, nq, d = q.shape
-    out, lse = _attn_outputs(q, b, hq, nq, d, q.dtype, out_nhd, return_lse)
-    if launch is not None:
-        # The call's plan (its packed arguments and workspace size) by everything but the data pointers:
-        # the sm_90a path is the one whose host time short sequences feel (bench/host_native.py).
+    if q.dim() != 4 or k.dim() != 4:
+        _need_dims("attn_sm90", q=(q, 4), k=(k, 4))
+    if launch is None:
+        b, hq, nq, d = q.shape
+        return _attn_outputs(q, b, hq, nq, d, q.dtype, out_nhd, return_lse)
+    # The call packed once per signature (everything but the data pointers): the sm_90a path is the one
+    # whose host time short sequences feel (bench/host_native.py).
+    key = (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
+           v.shape, v.stride(), v.dtype, v.get_device(), is_causal, sm_scale, scale_mul, d_pad, smooth_k,
+           return_lse, out_nhd)  # fmt: skip
+    call = _attn_plans.get(key)
+    if call is None:
+        call = Sm90Call(launch, q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, return_lse, out_nhd)
+        if len(_attn_plans) >= _MAX_PLANS:
+            _attn_plans.clear()
+        _attn_plans[key] = call
+    return call(q, k, v)
+
+
+class Sm90Call:
+    """``attn_sm90`` for one call signature: its arguments packed once (``_native.Plan``), so that a call
+    allocates the outputs and the workspace, puts in the data pointers and launches, nothing more.
+
+    ``q``, ``k``, ``v``: HND views ([B, H, N, D]) of the signature's tensors. A call takes tensors of that
+    signature, as HND views or, with ``nhd_view``, as the [B, N, H, D] tensors whose transposes those
+    views are (the data pointers are the same), and returns (out, lse): out a [B, Hq, Nq, D] view, or
+    [B, Nq, Hq, D] with ``nhd_view``, over memory ordered [B, Nq, Hq, D] when ``out_nhd`` (otherwise
+    [B, Hq, Nq, D]); lse [B, Hq, Nq] float32, or None without ``return_lse``."""
+
+    __slots__ = ("device", "dtype", "lse_shape", "out_shape", "out_strides", "plan", "return_lse", "size")
+
+    def __init__(self, launch, q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, return_lse, out_nhd,
+                 nhd_view=False):  # fmt: skip
         device = q.get_device()
         if device < 0:
             raise RuntimeError(f"sageattention::attn_sm90: q must be a CUDA tensor, got one on {q.device}")
-        key = (q.shape, q.stride(), q.dtype, device, k.shape, k.stride(), k.dtype, k.get_device(), v.shape,
-               v.stride(), v.dtype, v.get_device(), is_causal, sm_scale, scale_mul, d_pad, smooth_k,
-               return_lse, out_nhd)  # fmt: skip
-        entry = _attn_plans.get(key)
-        if entry is None:
-            hkv, nk = k.shape[1], k.shape[2]
-            size = _workspace(launch, "sage_attn_sm90_workspace_bytes", b, hq, hkv, nq, nk, d, d_pad,
-                              smooth_k, return_lse and smooth_k, is_causal, device)  # fmt: skip
-            workspace = q.new_empty((size,), dtype=torch.uint8)
-            tensors = (q, k, v, out, lse, workspace)
-            plan = _native.Plan(launch, "attn_sm90", tensors, (is_causal, d_pad, smooth_k, return_lse),
-                                (sm_scale, scale_mul))  # fmt: skip
-            if len(_attn_plans) >= _MAX_PLANS:
-                _attn_plans.clear()
-            _attn_plans[key] = entry = (plan, size)
-        else:
-            workspace = q.new_empty((entry[1],), dtype=torch.uint8)
-        tensors = (q, k, v, out, lse, workspace) if return_lse else (q, k, v, out, workspace)
-        entry[0].run(tensors, device)
-    return out, lse
+        b, hq, nq, d = q.shape
+        hkv, nk = k.shape[1], k.shape[2]
+        out, lse = _attn_outputs(q, b, hq, nq, d, q.dtype, out_nhd, return_lse)
+        self.size = _workspace(launch, "sage_attn_sm90_workspace_bytes", b, hq, hkv, nq, nk, d, d_pad,
+                               smooth_k, return_lse and smooth_k, is_causal, device)  # fmt: skip
+        self.plan = _native.Plan(launch, "attn_sm90", (q, k, v, out, lse, _scratch(q, self.size)),
+                                 (is_causal, d_pad, smooth_k, return_lse), (sm_scale, scale_mul))  # fmt: skip
+        self.device, self.dtype, self.return_lse, self.lse_shape = device, q.dtype, return_lse, (b, hq, nq)
+        shape, strides = out.shape, out.stride()
+        if nhd_view:
+            shape, strides = (shape[0], shape[2], shape[1], shape[3]), (strides[0], strides[2], strides[1], 1)
+        self.out_shape, self.out_strides = tuple(shape), tuple(strides)
+
+    def __call__(self, q, k, v):
+        out = q.new_empty_strided(self.out_shape, self.out_strides, dtype=self.dtype)
+        workspace = q.new_empty_strided((self.size,), (1,), dtype=torch.uint8)
+        if self.return_lse:
+            b, hq, nq = self.lse_shape
+            lse = q.new_empty_strided(self.lse_shape, (hq * nq, nq, 1), dtype=_F32)
+            self.plan.run((q, k, v, out, lse, workspace), self.device)
+            return out, lse
+        self.plan.run((q, k, v, out, workspace), self.device)
+        return out, None
 
 
-#: attn_sm90's plans by call signature; cleared when full (a model calls a few shapes, a sweep many).
-_attn_plans: dict[tuple, tuple] = {}
+def sm90_call(q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, return_lse, out_nhd, nhd_view):
+    """An ``Sm90Call`` for eager calls of this signature, or None where ``_qattn_sm90`` is not loaded."""
+    if not register(SM90):
+        return None
+    launch = _native.load(SM90)[0]
+    return Sm90Call(launch, q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, return_lse, out_nhd,
+                    nhd_view)  # fmt: skip
+
+
+#: attn_sm90's calls by signature; cleared when full (a model calls a few shapes, a sweep many).
+_attn_plans: dict[tuple, Sm90Call] = {}
 _MAX_PLANS = 256
 
 

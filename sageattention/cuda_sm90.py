@@ -52,15 +52,26 @@ def attention_sm90(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool,
     (cuda_common.check_qkv) for a caller that has made them already (sageattention's entry points).
     """
     cuda_common.start_call("sm90", q, k, v, check=check)
-    scale_mul = sm_scale * LOG2E / INT8_MAX
-    out_nhd = q.stride(1) < q.stride(2)  # NHD memory in, NHD memory out
-    d_pad = cuda_common.d_pad(q.shape[-1])
     # The LSE correction (return_lse and smooth_k), K's scales per KEY_BLOCK keys and Vᵀ's key padding
     # (a multiple of 16) are the op's own (csrc/bindings.cpp, attn_sm90).
-    out, lse = cuda_ops.call(
-        "attn_sm90", q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, return_lse, out_nhd
-    )
+    out, lse = cuda_ops.call("attn_sm90", q, k, v, is_causal, sm_scale, *_op_args(q, sm_scale), smooth_k,
+                             return_lse, q.stride(1) < q.stride(2))  # fmt: skip
     return out, (lse if return_lse else None)
+
+
+def _op_args(q, sm_scale: float) -> tuple:
+    """attn_sm90's scale_mul and d_pad for these inputs."""
+    return sm_scale * LOG2E / INT8_MAX, cuda_common.d_pad(q.shape[-1])
+
+
+def call_plan(q, k, v, *, nhd: bool, is_causal: bool, sm_scale: float, smooth_k: bool, return_lse: bool):
+    """What ``attention_sm90(q, k, v, ...)`` computes, for later eager calls of the same signature
+    (dispatch.call_plan): a ``cuda_ops.Sm90Call`` that takes the caller's tensors (the [B, N, H, D] ones
+    whose transposes q, k and v are, with ``nhd``) and gives the output in their layout; None where the
+    module is not loaded. NHD memory in, NHD memory out, as ``attention_sm90``."""
+    scale_mul, d_pad = _op_args(q, sm_scale)
+    return cuda_ops.sm90_call(q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, return_lse,
+                              q.stride(1) < q.stride(2), nhd)  # fmt: skip
 
 
 #: The 8-key column tiles of a block (bit c: keys 8c..8c+7) whose 448 P the head-dim-128 kernel computes

@@ -59,6 +59,9 @@ class Backend:
     exact_capability: Capability = None  # kernels for one arch only (sm90's wgmma)
     masks: bool = False
     compiled: bool = False  # a compiled extension (its absence reads "not built")
+    #: (q, k, v, *, nhd, is_causal, sm_scale, smooth_k, return_lse) -> a function of (q, k, v) that
+    #: serves later calls of that signature, or None (see call_plan); None: the backend has none
+    plan: Callable | None = None
     #: why the installed build holds no code for a GPU of this capability (None: it does)
     no_image: Callable[[tuple], str | None] = lambda capability: None
 
@@ -132,6 +135,13 @@ def _here() -> str | None:
     return None
 
 
+def _cuda_plan(arch: str) -> Callable:
+    def plan(q, k, v, **kwargs):
+        return ops.cuda_call_plan(q, k, v, arch=arch, **kwargs)
+
+    return plan
+
+
 def _cuda_dense(arch: str) -> Callable:
     """The dense entry point of an arch family's compiled kernels (ops.cuda_attention, looked up at
     call time)."""
@@ -146,7 +156,7 @@ def _cuda_dense(arch: str) -> Callable:
 CUDA_SM90 = Backend(
     "cuda_sm90", "CUDA sm90 kernel (INT8 QK, FP8 PV, wgmma)", PVDtype.FP8, _cuda_dense("sm90"), None,
     _cuda("sm90"), min_capability=(9, 0), exact_capability=(9, 0), compiled=True,
-    no_image=_cuda_image("sm90"),
+    no_image=_cuda_image("sm90"), plan=_cuda_plan("sm90"),
 )  # fmt: skip
 CUDA_SM89 = Backend(
     "cuda_sm89", "CUDA sm89 kernel (INT8 QK, FP8 PV, mma.sync)", PVDtype.FP8, _cuda_dense("sm89"), None,
@@ -294,9 +304,34 @@ def select(
     return name
 
 
+# --------------------------------------------------------------------------------------------------
+# Call plans: eager calls of a signature seen before skip the checks, the decision and the layers
+
+
+#: Plans by call signature (core.call_key): a function of (q, k, v) giving (out, lse), or False where
+#: the backend has none. Cleared when full.
+_plans: dict = {}
+_MAX_PLANS = 256
+
+
+def call_plan(key):
+    """The plan of a signature (a function of q, k, v), False (none), or None (not seen yet)."""
+    return _plans.get(key)
+
+
+def remember_plan(key, backend: Backend, q, k, v, **args) -> None:
+    """Make and keep the plan of the call just served by ``backend`` with these HND views (``args``:
+    nhd, is_causal, sm_scale, smooth_k and return_lse, checked): False where the backend has none."""
+    if len(_plans) >= _MAX_PLANS:
+        _plans.clear()
+    plan = backend.plan(q, k, v, **args) if backend.plan is not None else None
+    _plans[key] = plan or False
+
+
 def reset() -> None:
-    """Forget cached decisions, capabilities and warnings (for tests)."""
+    """Forget cached decisions, plans, capabilities and warnings (for tests)."""
     _decisions.clear()
+    _plans.clear()
     _warned.clear()
     ops.cuda_capability.cache_clear()
 

@@ -198,27 +198,51 @@ def cuda_attention(q, k, v, *, arch, attn_mask, is_causal, sm_scale, return_lse,
         return triton_attention(q, k, v, attn_mask=None, is_causal=is_causal, sm_scale=sm_scale,
                                 return_lse=return_lse, smooth_k=smooth_k, pv=pv, options={})  # fmt: skip
     # The entry points have checked q, k and v (_checks.check_qkv) and dispatch the head dims the kernels
-    # take: the launchers need not check them again.
-    args = {"is_causal": is_causal, "sm_scale": sm_scale, "smooth_k": smooth_k, "return_lse": return_lse,
-            "check": False}  # fmt: skip
+    # take: the launchers need not check them again (check=False).
     # No device switch here: every compiled op holds a CUDAGuard on its inputs' GPU (csrc/bindings.cpp)
     # and the torch reductions in the launchers run where their tensors are. This function is traced
     # by torch.compile, where a Python context manager of our own would break the graph.
-    # Imports here, not at the top: the launchers import cuda_common, which imports this module. (An
-    # import statement, which torch.compile traces; importlib.import_module it would not.)
-    if arch == "sm80":
-        from .cuda_sm80 import attention_sm80  # noqa: PLC0415
-
-        return attention_sm80(q, k, v, pv_accum=_pv_accum(arch, options), **args)
-    if arch == "sm89":
-        from .cuda_sm89 import attention_sm89  # noqa: PLC0415
-
-        return attention_sm89(q, k, v, pv_accum=_pv_accum(arch, options), **args)
+    launcher = _launchers.get(arch)
+    if launcher is None:
+        launcher = _launcher(arch)
     if arch == "sm90":
-        from .cuda_sm90 import attention_sm90  # noqa: PLC0415
+        return launcher(q, k, v, is_causal=is_causal, sm_scale=sm_scale, smooth_k=smooth_k,
+                        return_lse=return_lse, check=False)  # fmt: skip
+    return launcher(q, k, v, is_causal=is_causal, sm_scale=sm_scale, smooth_k=smooth_k, return_lse=return_lse,
+                    check=False, pv_accum=_pv_accum(arch, options))  # fmt: skip
 
-        return attention_sm90(q, k, v, **args)
-    raise ValueError(f"arch={arch!r} has no compiled kernels; valid values: {', '.join(COMPILED_EXTENSIONS)}")
+
+def cuda_call_plan(q, k, v, *, arch, nhd, is_causal, sm_scale, smooth_k, return_lse):
+    """A function of (q, k, v) that computes what ``cuda_attention`` computes for inputs of this signature,
+    in the caller's layout, for dispatch.call_plan; None where the arch family has none (only sm90 has:
+    one op, whose arguments pack once) or its kernels do not take the head dim."""
+    if arch != "sm90" or q.shape[-1] % 8:
+        return None
+    from .cuda_sm90 import call_plan  # noqa: PLC0415 - see _launcher
+
+    return call_plan(q, k, v, nhd=nhd, is_causal=is_causal, sm_scale=sm_scale, smooth_k=smooth_k,
+                     return_lse=return_lse)  # fmt: skip
+
+
+_launchers: dict = {}  # arch -> its launcher, imported on the first call (an import costs a microsecond)
+
+
+def _launcher(arch: str):
+    """The launcher of an arch family, imported once. Imports here, not at the top: the launchers import
+    cuda_common, which imports this module. (Import statements, which torch.compile traces;
+    importlib.import_module it would not.)"""
+    if arch == "sm80":
+        from .cuda_sm80 import attention_sm80 as launcher  # noqa: PLC0415
+    elif arch == "sm89":
+        from .cuda_sm89 import attention_sm89 as launcher  # noqa: PLC0415
+    elif arch == "sm90":
+        from .cuda_sm90 import attention_sm90 as launcher  # noqa: PLC0415
+    else:
+        raise ValueError(
+            f"arch={arch!r} has no compiled kernels; valid values: {', '.join(COMPILED_EXTENSIONS)}"
+        )
+    _launchers[arch] = launcher
+    return launcher
 
 
 # --------------------------------------------------------------------------------------------------

@@ -357,6 +357,10 @@ def _backward(do, q, k, v, out, lse, dlse, attn_mask, cu_q, cu_k, *, nq, nk, bat
     n_stat = q.shape[2]  # the row count of the statistics per head (NQ dense, T packed)
     mask, mask_kind, ms = _mask_args(attn_mask, q.shape[0], hq, nq, nk, q.device)
     has_lse, has_dlse = lse is not None, dlse is not None
+    # The kernels take the statistics' batch and head strides, their rows contiguous: the LSE's gradient
+    # may come in any layout (a transposed view, from a merge of chunks in NHD, say).
+    lse = _unit_last(lse) if has_lse else None
+    dlse = _unit_last(dlse) if has_dlse else None
     lse_arg = lse if has_lse else delta
     dlse_arg = dlse if has_dlse else delta
     lse_s = (lse.stride(0), lse.stride(1)) if has_lse else (0, 0)

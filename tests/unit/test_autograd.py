@@ -282,11 +282,43 @@ def _req(**kw):
     return autograd.BackwardRequest(**{**base, **kw})
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_centered_keys_give_the_kmean_form_of_dq(is_causal):
+    """torch's backward kernels fed _centered's K and LSE compute dQ = scale dS (K - mean) and the same
+    dK and dV: P is unchanged. Checked with the plain-torch backward, which computes what they do, on an
+    output a little off the exact one (as the quantized forward's is), where dS's rows do not sum to 0."""
+    gen = torch.Generator().manual_seed(0)
+    b, h, n, d = 1, 2, 33, 16
+    q, k, v, do = (torch.randn(b, h, n, d, generator=gen, dtype=torch.float64) for _ in range(4))
+    k = k + 4.0 * torch.randn(d, generator=gen, dtype=torch.float64)  # a large mean, as in real models
+    scale = d**-0.5
+    s = q @ k.transpose(-1, -2) * scale
+    if is_causal:
+        s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None])
+    out = p @ v + 0.01 * torch.randn(b, h, n, d, generator=gen, dtype=torch.float64)
+    kc, lse_c = autograd._centered(q, k, lse, scale)
+    s_c = q @ kc.transpose(-1, -2) * scale
+    if is_causal:
+        s_c = s_c.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), -math.inf)
+    torch.testing.assert_close(torch.exp(s_c - lse_c[..., None]), p, rtol=1e-5, atol=1e-6)
+    dq, dk, dv = autograd.torch_backward(do, q, kc, v, out, lse_c, None, None, is_causal, scale)
+    ds = p * (do @ v.transpose(-1, -2) - (do * out).sum(-1, keepdim=True))
+    assert ds.sum(-1).abs().max() > 1e-3  # the case the centering is for
+    tol = {"rtol": 1e-4, "atol": 1e-5}
+    torch.testing.assert_close(dq.double(), scale * ds @ (k - k.mean(2, keepdim=True)), **tol)
+    torch.testing.assert_close(dk.double(), scale * ds.transpose(-1, -2) @ q, **tol)
+    torch.testing.assert_close(dv.double(), p.transpose(-1, -2) @ do, **tol)
+
+
 def test_backward_table(monkeypatch):
     monkeypatch.setattr(autograd.ops, "triton_unavailable_reason", lambda: None)
     monkeypatch.setattr(autograd, "_interpreting", lambda: False)
     try:
-        assert autograd.choose(_req()) == "triton"
+        assert autograd.choose(_req()) == "cudnn"  # sm90's order: cuDNN first
+        assert autograd.choose(_req(kv_heads=2)) == "triton"  # what cuDNN's cannot serve
+        assert autograd.choose(_req(capability=(8, 9))) == "triton"  # elsewhere Triton first
         assert autograd.choose(_req(device_type="cpu", capability=None)) == "torch"
         autograd.set_backward_order(["flash", "cudnn", "torch"])
         assert autograd.choose(_req()) == "flash"
@@ -310,7 +342,7 @@ def test_backward_table(monkeypatch):
         autograd.set_backward_order(None)
     monkeypatch.setattr(autograd.ops, "triton_unavailable_reason", lambda: "no triton")
     autograd._decisions.clear()
-    assert autograd.choose(_req()) == "flash"  # the CUDA kernels' forward without Triton
+    assert autograd.choose(_req(capability=(8, 9))) == "flash"  # the CUDA kernels' forward without Triton
     autograd._decisions.clear()
 
 

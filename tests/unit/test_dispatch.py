@@ -328,6 +328,7 @@ def test_cuda_attention_runs_the_arch_launcher(monkeypatch, arch, launcher, accu
     module = importlib.import_module(f"sageattention.cuda_{arch}")
     calls = []
     monkeypatch.setattr(module, launcher, lambda q, k, v, **kw: calls.append(kw) or (q, None))
+    monkeypatch.setattr(ops, "_launchers", {})  # the launchers are looked up once: forget the real ones
     monkeypatch.setattr(cuda_sm89, "fp16_accum_available", lambda: True)
     q, k, v = _cpu_qkv(64)
     ops.cuda_attention(q, k, v, arch=arch, attn_mask=None, is_causal=True, sm_scale=0.125, return_lse=False,
@@ -395,13 +396,18 @@ def test_the_record_setup_py_writes_is_the_one_read(monkeypatch):
     assert "holds no code for this GPU (10.0;" in ops.cuda_image_missing_reason("sm89", (10, 0))
 
 
+@pytest.mark.parametrize("looked_up", [False, True], ids=["first-call", "launcher-cached"])
 @pytest.mark.parametrize("arch", ["sm80", "sm89", "sm90"])
-def test_cuda_attention_traces_in_one_graph(monkeypatch, arch):
+def test_cuda_attention_traces_in_one_graph(monkeypatch, arch, looked_up):
     """torch.compile(fullgraph=True) traces the way from ops.cuda_attention to each family's launcher
-    (the launchers themselves stand in here: no GPU): a lookup dynamo cannot trace (importlib, ctypes)
-    on that way breaks the graph on the GPU machine."""
+    (the launchers themselves stand in here: no GPU), whether an eager call has looked the launcher up
+    already or not: a lookup dynamo cannot trace (importlib, ctypes) on that way breaks the graph on
+    the GPU machine."""
     module = importlib.import_module(f"sageattention.cuda_{arch}")
     monkeypatch.setattr(module, f"attention_{arch}", lambda q, k, v, **kw: (q * 2, None))
+    monkeypatch.setattr(ops, "_launchers", {})
+    if looked_up:
+        ops._launcher(arch)
     monkeypatch.setattr(cuda_sm89, "fp16_accum_available", lambda: True)
     torch._dynamo.reset()
 

@@ -69,6 +69,7 @@ CASES = [
     (1, 4, 2, 17, 113, 64, "HND", False, "bool", True, True),
     (1, 2, 2, 113, 17, 40, "NHD", True, "additive", False, False),
     (1, 2, 1, 33, 50, 96, "HND", True, "bool", True, False),
+    (1, 2, 1, 65, 65, 64, "NHD", True, None, True, True),  # the LSE's gradient as a transposed view
 ]
 for b, hq, hkv, nq, nk, d, layout, causal, mask_kind, with_dlse, with_lse in CASES:
     shape_q, shape_k = (b, hq, nq, d), (b, hkv, nk, d)
@@ -85,7 +86,9 @@ for b, hq, hkv, nq, nk, d, layout, causal, mask_kind, with_dlse, with_lse in CAS
             mask = keep
         else:
             mask = torch.where(keep, randn(b, 1, nq, nk), -math.inf).half()
-    dlse = randn(b, hq, nq) if with_dlse else None
+    dlse = None
+    if with_dlse:  # NHD: a transposed view, as autograd hands back the gradient of a merge of NHD chunks
+        dlse = randn(b, nq, hq).transpose(1, 2) if layout == "NHD" else randn(b, hq, nq)
     scale = 0.3 if d == 40 else 1 / math.sqrt(d)
     out, lse, ref = reference(q, k, v, do, dlse, causal, mask, scale)
     got = backward.attention_bwd(
