@@ -45,7 +45,7 @@ FULL = {
     "vocab": 32,
     "period": 8,
     "steps": 400,
-    "lr": 3e-3,
+    "lr": 1e-3,
 }
 SMOKE = {"layers": 2, "d_model": 64, "heads": 2, "seq": 64, "batch": 4, "vocab": 32, "period": 8, "steps": 30,
          "lr": 3e-3}  # fmt: skip

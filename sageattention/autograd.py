@@ -207,12 +207,29 @@ def _flash_dense(do, q, k, v, out, lse, dlse, mask, is_causal, sm_scale):
     )  # fmt: skip
 
 
+def _dim_order(x: torch.Tensor) -> tuple:
+    """x's dims from the largest stride to the smallest (its memory order)."""
+    return tuple(sorted(range(x.dim()), key=lambda i: -x.stride(i)))
+
+
+def _in_order(x: torch.Tensor, order: tuple) -> torch.Tensor:
+    """x, or a copy of it, dense in memory order ``order``."""
+    if _dim_order(x) == order and x.permute(order).is_contiguous():
+        return x
+    inverse = tuple(order.index(i) for i in range(len(order)))
+    return x.permute(order).contiguous().permute(inverse)
+
+
 def _cudnn_dense(do, q, k, v, out, lse, dlse, mask, is_causal, sm_scale):
     del dlse, mask
     rng = _philox(q)
     k, lse = _centered(q, k, lse, sm_scale)
-    # cuDNN's statistics are [B, H, Nq, 1]; it wants dO laid out like O.
-    do = torch.empty_like(out).copy_(do) if do.stride() != out.stride() else do
+    # cuDNN reads every operand in one memory layout: given O and dO in another than q's it computes
+    # garbage, silently (bench/backward_accuracy.py fed it float64's O, HND, with NHD inputs). All of
+    # them dense in q's order (the quantized forward stores O like q: no copy in training calls).
+    order = _dim_order(q)
+    q, k, v, out, do = (_in_order(x, order) for x in (q, k, v, out, do))
+    # cuDNN's statistics are [B, H, Nq, 1].
     return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
         do, q, k, v, out, lse.unsqueeze(-1).contiguous(), rng, rng, None, None, None, q.shape[2], k.shape[2],
         0.0, is_causal, scale=sm_scale,

@@ -56,7 +56,9 @@ def reference_grads(q, k, v, dout, *, is_causal, mask=None, dlse=None, layout="N
 
 
 def _inputs(mma, kind, groups, seed=0):
-    q, k, v = mma.protocol_inputs(kind, seed)  # NHD [1, 4096, 8, 128] bf16
+    # protocol_inputs gives [B, H, N, D] views of NHD memory: the NHD tensors [1, 4096, 8, 128] bf16
+    q, k, v = (x.transpose(1, 2) for x in mma.protocol_inputs(kind, seed))
+    assert q.shape == (1, 4096, 8, 128) and q.is_contiguous()
     if groups > 1:
         k, v = k[:, :, ::groups].contiguous(), v[:, :, ::groups].contiguous()  # 8 q heads, 2 kv heads
     gen = torch.Generator(device="cuda").manual_seed(seed + 50)

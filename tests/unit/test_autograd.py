@@ -312,6 +312,29 @@ def test_centered_keys_give_the_kmean_form_of_dq(is_causal):
     torch.testing.assert_close(dv.double(), p.transpose(-1, -2) @ do, **tol)
 
 
+def test_cudnn_backward_gets_every_operand_in_q_layout(monkeypatch):
+    """cuDNN's backward reads its operands in one layout: q, k, v, O and dO reach it dense in q's memory
+    order, whatever layout O and dO come in (a float64 O, HND, with NHD inputs gave garbage)."""
+    seen = {}
+
+    def fake(do, q, k, v, out, lse, *args, **kwargs):
+        seen.update(do=do, q=q, k=k, v=v, out=out, lse=lse)
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention_backward", fake)
+    q, k, v = (torch.randn(1, 40, 2, 16).transpose(1, 2) for _ in range(3))  # HND views of NHD memory
+    out, do = torch.randn(1, 2, 40, 16), torch.randn(1, 40, 2, 16)[..., :16].transpose(1, 2).contiguous()
+    lse = torch.randn(1, 2, 40)
+    autograd._cudnn_dense(do, q, k, v, out, lse, None, None, False, 0.25)
+    order = autograd._dim_order(q)
+    for name in ("q", "k", "v", "out", "do"):
+        x = seen[name]
+        assert autograd._dim_order(x) == order and x.permute(order).is_contiguous(), name
+    torch.testing.assert_close(seen["out"], out)
+    torch.testing.assert_close(seen["do"], do)
+    assert seen["q"] is q  # already in its own layout: no copy
+
+
 def test_backward_table(monkeypatch):
     monkeypatch.setattr(autograd.ops, "triton_unavailable_reason", lambda: None)
     monkeypatch.setattr(autograd, "_interpreting", lambda: False)
