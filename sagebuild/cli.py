@@ -504,9 +504,12 @@ def make_parser(matrix_path: str | Path | None = None) -> argparse.ArgumentParse
         help="name the wheel that fits this environment",
         description="Name the wheel (and its build id) that fits the running environment's Python, "
         "platform and torch, or the one given by --torch/--cuda/--python/--platform, and how to "
-        "install it (from an index made by `index`, with --index).",
+        "install or build it: the abi3 wheel of torch's CUDA line (12 or 13) where one fits (torch and "
+        "Python at or above its floors), else the per-torch wheel. The default line's abi3 wheel "
+        "installs from the package index; another line's from the cuNN/simple path of an index made by "
+        "`index` (--index names it). With --index, exit 0 only when the wheel is in that index.",
     )
-    which.add_argument("--index", help="an index made by `index`")
+    which.add_argument("--index", help="an index made by `index`: exit 1 when the wheel is not in it")
     which.add_argument(
         "--package",
         default="sageattention",

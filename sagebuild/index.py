@@ -4,9 +4,12 @@ pip picks among wheels of one version by tag, then by build tag, and never backt
 of the same version on a dependency conflict. Build-tagged sageattention wheels all share one
 version, so a single flat index would always offer the highest build tag (the newest torch). Next to
 the flat ``simple/`` index, ``index`` therefore writes one index per PyTorch build,
-``torch2.8.0-cu129/simple/``, holding that build's wheels plus the pure-Python wheel; ``which``
-names the one that fits an environment. (sageattn3 wheels differ in their local version, so pip's
-resolver can choose among them in the flat index as well.)
+``torch2.8.0-cu129/simple/``, holding that build's wheels plus the pure-Python wheel, and one per
+CUDA line for the abi3 wheels, ``cu12/simple/`` and ``cu13/simple/``. ``which`` names the wheel that
+fits an environment: the abi3 wheel of its CUDA line where one fits (torch and Python at or above the
+abi3 floors, a platform and a CUDA line the abi3 profiles build), else the per-torch one. (sageattn3
+wheels differ in their local version, so pip's resolver can choose among them in the flat index as
+well.)
 """
 
 from __future__ import annotations
@@ -18,14 +21,15 @@ import os
 import shutil
 import sys
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 
 from . import envs, tags
 from .errors import MatrixError, SagebuildError, TagError
-from .matrix import Matrix
+from .matrix import Matrix, Target
 
 INDEX_MANIFEST = "sagebuild-index.json"
 
@@ -223,6 +227,11 @@ def which(
         lines.append(f"torch is a CPU build: the pure-Python wheel fits: {pure_wheel}")
         lines.append(f"  pip install {pure_wheel}")
         return 0, lines
+    abi3, why_not = abi3_fit(matrix, pkg.name, env)
+    if abi3 is not None:
+        return _which_abi3(matrix, abi3, env, lines, index_dir)
+    if why_not:
+        lines.append(why_not)
     try:
         target = matrix.make_target(pkg.name, env.platform, env.torch, env.torch_cuda, env.python)
     except MatrixError as exc:
@@ -251,3 +260,155 @@ def which(
     lines.append("then install it with:")
     lines.append(f"  pip install wheelhouse/{target.wheel_name}")
     return (1 if index_dir is not None else 0), lines
+
+
+def _release(version: str) -> tuple[int, ...] | None:
+    try:
+        return Version(version).release
+    except InvalidVersion:
+        return None
+
+
+def abi3_target(matrix: Matrix, package: str, platform: str, cuda: str) -> Target | None:
+    """The abi3 wheel of ``cuda``'s line for ``platform`` as the profiles of sets with ``wheel: abi3``
+    build it (``abi3-release``: linux-sageattention-abi3-cu128-python312), or None where none does."""
+    line = tags.cuda_line(cuda)
+    found: list[Target] = []
+    for name, profile in matrix.profiles.items():
+        spec = matrix.sets[profile.set]
+        if spec.get("wheel") != "abi3" or spec.get("package") != package:
+            continue
+        if profile.platforms and platform not in profile.platforms:
+            continue
+        found += [
+            t for t in matrix.profile_targets(name, platform, package) if tags.cuda_line(t.cuda) == line
+        ]
+    return next((t for t in found if t.default_archs), found[0] if found else None)
+
+
+def abi3_fit(matrix: Matrix, package: str, env: EnvInfo) -> tuple[Target | None, str | None]:
+    """(the abi3 wheel's target, None) where one fits ``env`` (a CUDA build of torch); else (None, the
+    line that says why not, or None where the package has no abi3 wheels or ``env`` is not one an
+    abi3 wheel could serve at all: no platform, no torch, a CPU build, a CUDA line without them)."""
+    entry = matrix.package(package).abi3
+    if entry is None or env.platform is None or env.torch is None or env.torch_cuda is None:
+        return None, None
+    try:
+        target = abi3_target(matrix, package, env.platform, env.torch_cuda)
+    except TagError:  # a CUDA version that is not one
+        return None, None
+    if target is None:
+        return None, None
+    torch, floor = _release(env.torch), _release(entry["torch_floor"])
+    if torch is None:
+        return None, None
+    if torch < floor:
+        return None, (
+            f"the abi3 wheel ({target.wheel_name}) does not fit: it needs torch >= "
+            f"{entry['torch_floor']} (its floor), this is torch {env.torch}"
+        )
+    python = _release(env.python)
+    if python is not None and python < _release(entry["python_floor"]):
+        return None, (
+            f"the abi3 wheel ({target.wheel_name}) does not fit: it needs Python >= "
+            f"{entry['python_floor']} (its floor), this is Python {env.python}"
+        )
+    return target, None
+
+
+def _abi3_in_index(matrix: Matrix, files: list[str], target: Target) -> str | None:
+    """The file of ``files`` that is ``target``'s abi3 wheel (as built, or repaired: any platform tag
+    of its platform)."""
+    if target.wheel_name in files:
+        return target.wheel_name
+    for filename in files:
+        try:
+            name = matrix.parse_wheel_name(filename)
+        except (TagError, MatrixError):
+            continue
+        if (name.kind, name.project, name.platform, name.cuda, name.version) == (
+            "abi3",
+            canonicalize_name(target.package),
+            target.platform,
+            tags.cuda_line(target.cuda),
+            target.full_version,
+        ):
+            return filename
+    return None
+
+
+def _which_abi3(
+    matrix: Matrix, target: Target, env: EnvInfo, lines: list[str], index_dir: Path | None
+) -> tuple[int, list[str]]:
+    """``which``'s answer where the abi3 wheel ``target`` fits: the wheel, its CUDA line, how to
+    install it (the package index's for the default line, an index's ``cuNN/simple`` path for
+    another; with ``index_dir``, exit 0 only when the wheel is in it) and how to build it."""
+    pkg = matrix.package(target.package)
+    line = tags.cuda_line(target.cuda)
+    default = line == pkg.abi3["default_line"]
+    platform = matrix.platform(target.platform)
+    repaired = ""
+    if platform.repair_platform:
+        name = replace(target, wheel_platform=platform.repair_platform).wheel_name
+        repaired = f" ({name} once repaired)"
+    lines.append(f"build id: {target.id}")
+    lines.append(f"wheel:    {target.wheel_name}{repaired}")
+    lines.append(
+        f"CUDA line {line}{' (the default line)' if default else ''}: one abi3 wheel for torch CUDA "
+        f"{line}.x, every torch >= {pkg.abi3['torch_floor']} and Python >= {pkg.abi3['python_floor']}"
+    )
+    variant = f"cu{line}"
+    if index_dir is not None:
+        manifest_path = Path(index_dir) / INDEX_MANIFEST
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            lines.append(f"{manifest_path} not found: run `python -m sagebuild index {index_dir}` first")
+            return 1, lines
+        variants = manifest.get("variants", {})
+        found = _abi3_in_index(matrix, variants.get(variant, []), target)
+        if found is not None:
+            simple = (Path(index_dir) / variant / "simple").resolve()
+            lines.append(f"in {index_dir}: {found}; install it with:")
+            lines.append(f"  pip install --index-url {envs.file_uri(simple)} {pkg.name}")
+            return 0, lines
+        pinned = _pinned_in_index(matrix, pkg.name, env, Path(index_dir), variants)
+        if pinned is not None:
+            pinned_target, simple = pinned
+            lines.append(
+                f"not in {index_dir}; the per-torch wheel that fits is ({pinned_target.wheel_name}), "
+                "install it with:"
+            )
+            lines.append(f"  pip install --index-url {envs.file_uri(simple)} {pkg.name}")
+            return 0, lines
+        lines.append(f"not in {index_dir}; build it with:")
+    else:
+        if default:
+            lines.append("install it from the package index:")
+            lines.append(f"  pip install {pkg.name}")
+        else:
+            lines.append(
+                f"install it from the {variant}/ path of an index made by `python -m sagebuild index` "
+                "(`which --index DIR` names it):"
+            )
+            lines.append(f"  pip install --index-url INDEX/{variant}/simple {pkg.name}")
+        lines.append("or build it with:")
+    lines.append(f"  python -m sagebuild build --target {target.id}")
+    lines.append("then install it with:")
+    lines.append(f"  pip install wheelhouse/{target.wheel_name}")
+    return (1 if index_dir is not None else 0), lines
+
+
+def _pinned_in_index(
+    matrix: Matrix, package: str, env: EnvInfo, index_dir: Path, variants: dict
+) -> tuple[Target, Path] | None:
+    """The per-torch wheel that fits ``env`` and its index path, where the index of ``variants``
+    (made in ``index_dir``) holds it: an index of per-torch wheels serves on without abi3 wheels."""
+    try:
+        target = matrix.make_target(package, env.platform, env.torch, env.torch_cuda, env.python)
+    except MatrixError:
+        return None
+    variant = variant_name(target.torch, target.cuda)
+    if target.wheel_name not in variants.get(variant, []):
+        return None
+    return target, (Path(index_dir) / variant / "simple").resolve()

@@ -16,7 +16,7 @@ from wheel.wheelfile import WheelFile
 
 from sagebuild import cli
 from sagebuild.envs import file_uri, venv_python
-from sagebuild.index import EnvInfo, build_index, which
+from sagebuild.index import EnvInfo, abi3_target, build_index, which
 from sagebuild.matrix import load
 
 PY = f"cp{sys.version_info[0]}{sys.version_info[1]}"
@@ -140,14 +140,14 @@ def test_resolver_picks_sageattn3_by_local_version(wheels, matrix, tmp_path):
 
 
 def test_which_without_a_fitting_build(matrix, tmp_path):
-    code, lines = which(matrix, EnvInfo("3.12", "linux", "2.8.0", "13.0"))
+    code, lines = which(matrix, EnvInfo("3.9", "linux", "2.8.0", "13.0"))  # Python below the abi3 floor
     assert code == 1 and "has no CUDA 13.0 build" in lines[-2]
     code, lines = which(matrix, EnvInfo("3.12", "linux", "2.13.0", None))
     assert code == 0 and lines[-1] == "  pip install sageattention-2.2.0-py3-none-any.whl"
     code, lines = which(matrix, EnvInfo("3.12", "linux", None, None))
     assert code == 1 and "install PyTorch first" in lines[-1]
-    code, lines = which(matrix, EnvInfo("3.12", "windows", "2.8.0", "12.9"))
-    assert "  python -m sagebuild build --target windows-sageattention-pytorch28-cu129-python312" in lines
+    code, lines = which(matrix, EnvInfo("3.9", "windows", "2.8.0", "12.9"))
+    assert "  python -m sagebuild build --target windows-sageattention-pytorch28-cu129-python39" in lines
 
 
 def test_index_cli(wheels, tmp_path, capsys):
@@ -193,3 +193,119 @@ def test_index_notes_other_files_and_indexes_the_wheels(wheels, matrix, tmp_path
     assert len(manifest["simple"]) == 5
     err = capsys.readouterr().err
     assert "not indexed (not .whl files): SHA256SUMS, sageattention-2.2.0-280.129-" in err
+
+
+def abi3_wheel_name(matrix, cuda: str, platform: str = "linux") -> str:
+    """The abi3 wheel's name as the build names it (the target of the abi3-release profile)."""
+    (target,) = [
+        t
+        for t in matrix.profile_targets("abi3-release", platform, "sageattention")
+        if t.cuda.split(".")[0] == cuda.split(".")[0]
+    ]
+    return target.wheel_name
+
+
+def test_which_names_the_cuda_13_abi3_wheel(matrix):
+    code, lines = which(matrix, EnvInfo("3.12", "linux", "2.11.0", "13.0"))
+    wheel = abi3_wheel_name(matrix, "13.0")
+    assert wheel == "sageattention-2.2.0-cp310-abi3-linux_x86_64.whl"
+    assert code == 0, lines
+    assert lines[1] == "build id: linux-sageattention-abi3-cu130-python312"
+    assert lines[2].startswith(f"wheel:    {wheel} (sageattention-2.2.0-cp310-abi3-manylinux_2_28_x86_64.whl")
+    assert lines[3].startswith("CUDA line 13 (the default line)")
+    assert "  pip install sageattention" in lines
+    assert "  python -m sagebuild build --target linux-sageattention-abi3-cu130-python312" in lines
+    assert not any("pytorch211" in line for line in lines)
+    # a torch the matrix does not know, on Windows with Python 3.14: the same line's wheel
+    code, lines = which(matrix, EnvInfo("3.14", "windows", "2.15.0", "13.2"))
+    assert code == 0 and lines[2] == f"wheel:    {abi3_wheel_name(matrix, '13.0', 'windows')}"
+
+
+def test_which_names_the_cuda_12_abi3_wheel_and_its_index_path(matrix, capsys):
+    code, lines = which(matrix, EnvInfo("3.12", "linux", "2.8.0", "12.8"))
+    wheel = abi3_wheel_name(matrix, "12.8")
+    assert wheel == "sageattention-2.2.0+cu12-cp310-abi3-linux_x86_64.whl"
+    assert code == 0, lines
+    assert lines[2].startswith(f"wheel:    {wheel} ")
+    assert lines[3].startswith("CUDA line 12:")
+    assert "  pip install --index-url INDEX/cu12/simple sageattention" in lines
+    assert "  pip install sageattention" not in lines
+    assert "  python -m sagebuild build --target linux-sageattention-abi3-cu128-python312" in lines
+    args = ["which", "--torch", "2.8.0", "--cuda", "12.8", "--python", "3.12", "--platform", "linux"]
+    assert cli.main(args) == 0
+    assert f"wheel:    {wheel}" in capsys.readouterr().out
+
+
+def test_which_below_the_abi3_floor_names_the_per_torch_wheel(matrix):
+    code, lines = which(matrix, EnvInfo("3.12", "linux", "2.5.0", "12.4"))
+    assert code == 1
+    assert lines[1] == (
+        f"the abi3 wheel ({abi3_wheel_name(matrix, '12.4')}) does not fit: it needs torch >= 2.6.0 "
+        "(its floor), this is torch 2.5.0"
+    )
+    assert lines[2].startswith("no sageattention build fits this environment: PyTorch 2.5.0 is not in")
+    assert lines[3].endswith("sageattention-2.2.0-py3-none-any.whl")
+    code, lines = which(matrix, EnvInfo("3.9", "linux", "2.6.0", "12.6"))  # below the Python floor
+    assert code == 0 and "needs Python >= 3.10 (its floor)" in lines[1]
+    assert lines[2] == "build id: linux-sageattention-pytorch26-cu126-python39"
+    assert lines[3] == "wheel:    sageattention-2.2.0-260.126-cp39-cp39-linux_x86_64.whl"
+    # a CUDA line without abi3 wheels and a CPU build of torch: the answers they had
+    code, lines = which(matrix, EnvInfo("3.12", "linux", "2.11.0", "11.8"))
+    assert code == 1 and "has no CUDA 11.8 build" in lines[1] and len(lines) == 3
+    code, lines = which(matrix, EnvInfo("3.12", "linux", "2.11.0", None))
+    assert code == 0 and lines[-1] == "  pip install sageattention-2.2.0-py3-none-any.whl"
+
+
+def test_which_sageattn3_has_no_abi3_wheel(matrix):
+    assert abi3_target(matrix, "sageattn3", "linux", "12.8") is None
+    code, lines = which(matrix, EnvInfo("3.12", "linux", "2.9.0", "12.8"), "sageattn3")
+    assert code == 0
+    assert lines == [
+        "environment: Python 3.12, platform linux, torch 2.9.0 (CUDA 12.8)",
+        "build id: linux-sageattn3-pytorch29-cu128-python312",
+        "wheel:    sageattn3-1.0.0+cu128torch2.9.0-cp312-cp312-linux_x86_64.whl",
+        "build it with:",
+        "  python -m sagebuild build --target linux-sageattn3-pytorch29-cu128-python312",
+        "then install it with:",
+        "  pip install wheelhouse/sageattn3-1.0.0+cu128torch2.9.0-cp312-cp312-linux_x86_64.whl",
+    ]
+
+
+def test_which_with_an_index_of_abi3_wheels(wheels, matrix, tmp_path):
+    folder = tmp_path / "wheelhouse"
+    for path in wheels.glob("*.whl"):
+        if path.name.startswith("sageattention-"):
+            (folder / path.name).parent.mkdir(exist_ok=True)
+            (folder / path.name).write_bytes(path.read_bytes())
+    tag = "cp310-abi3-manylinux_2_28_x86_64"  # repaired: the platform tag differs from the build's
+    repaired = f"sageattention-2.2.0+cu12-{tag}.whl"
+    dummy_wheel(folder, repaired, "2.2.0+cu12", ["torch>=2.6.0"], None, tag)
+    manifest = build_index(folder, folder, matrix)
+    assert repaired in manifest["variants"]["cu12"]
+    code, lines = which(matrix, EnvInfo("3.12", "linux", "2.8.0", "12.8"), "sageattention", folder)
+    assert code == 0, lines
+    assert lines[-2] == f"in {folder}: {repaired}; install it with:"
+    assert (
+        lines[-1]
+        == f"  pip install --index-url {file_uri((folder / 'cu12' / 'simple').resolve())} sageattention"
+    )
+    # CUDA 13: neither its abi3 wheel nor a per-torch wheel for torch 2.11 is in the index
+    code, lines = which(matrix, EnvInfo("3.12", "linux", "2.11.0", "13.0"), "sageattention", folder)
+    assert code == 1, lines
+    assert f"not in {folder}; build it with:" in lines
+    assert lines[-1] == f"  pip install wheelhouse/{abi3_wheel_name(matrix, '13.0')}"
+    # an index of per-torch wheels only: the per-torch wheel that fits and is there
+    pinned = tmp_path / "pinned"
+    build_index(wheels, pinned, matrix)
+    code, lines = which(matrix, EnvInfo(PY_DOT, "linux", "2.8.0", "12.9"), "sageattention", pinned)
+    assert code == 0, lines
+    if sys.version_info >= (3, 10):  # the abi3 wheel fits this Python, and the index lacks it
+        assert lines[-2].startswith(
+            f"not in {pinned}; the per-torch wheel that fits is (sageattention-2.2.0-280.129-"
+        )
+    simple = file_uri((pinned / "torch2.8.0-cu129" / "simple").resolve())
+    assert lines[-1] == f"  pip install --index-url {simple} sageattention"
+    code, lines = which(
+        matrix, EnvInfo("3.12", "linux", "2.11.0", "13.0"), "sageattention", tmp_path / "none"
+    )
+    assert code == 1 and "not found" in lines[-1]
