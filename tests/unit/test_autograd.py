@@ -429,7 +429,8 @@ def test_triton_backward_under_interpreter():
 def test_finetune_parity_smoke(tmp_path):
     out = tmp_path / "parity.json"
     res = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "finetune_parity.py"), "--smoke", "--out", str(out)],
+        [sys.executable, str(ROOT / "bench" / "finetune_parity.py"), "--smoke", "--seeds", "2", "--out",
+         str(out)],
         env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -437,4 +438,6 @@ def test_finetune_parity_smoke(tmp_path):
 
     report = json.loads(out.read_text())
     assert math.isfinite(report["final_loss_ratio"]) and report["steps"] > 0
-    assert report["sageattn"]["losses"][-1] < report["sageattn"]["losses"][0]  # it learned something
+    assert [run["seed"] for run in report["runs"]] == [0, 1] and set(report["per_seed_ratio"]) == {"0", "1"}
+    for run in report["runs"]:
+        assert run["sageattn"]["losses"][-1] < run["sageattn"]["losses"][0]  # it learned something
