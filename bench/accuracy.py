@@ -46,7 +46,7 @@ def make_inputs(kind: str, b=1, h=8, n=4096, d=128, dtype=torch.bfloat16, seed=0
 def implementations():
     """name -> (options of the simulated reference or None, run(q, k, v, causal))."""
     import sageattention
-    from sageattention import ops
+    from sageattention import extensions
     from sageattention.triton import launch, reference_options
 
     def triton_impl(pv):
@@ -73,7 +73,7 @@ def implementations():
     }
     sm90_gpu = torch.cuda.get_device_capability() == (9, 0)
     for name, (arch, variant, options) in cuda.items():
-        if ops.cuda_unavailable_reason(arch) is None and (arch != "sm90" or sm90_gpu):
+        if extensions.cuda_unavailable_reason(arch) is None and (arch != "sm90" or sm90_gpu):
             impls[name] = (None, compiled(variant, **options))
     return impls
 

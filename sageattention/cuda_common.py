@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from . import cuda_ops  # noqa: F401  (registers the fake implementations, for torch.compile)
-from . import ops as _ops
+from . import (
+    cuda_ops,  # noqa: F401  (registers the fake implementations, for torch.compile)
+    extensions,
+)
 
 __all__ = ["d_pad", "check_qkv", "load_extensions", "start_call"]
 
@@ -41,8 +43,8 @@ def load_extensions(arch: str) -> None:
     """Load the fused quantization ops and an arch family's kernels (loading registers the ops); once."""
     if arch in _loaded:
         return
-    for module in (_ops.FUSED_EXTENSION, _ops.COMPILED_EXTENSIONS[arch]):
-        loaded, reason = _ops._import_extension(module)
+    for module in (extensions.FUSED_EXTENSION, extensions.COMPILED_EXTENSIONS[arch]):
+        loaded, reason = extensions._import_extension(module)
         if loaded is None:
             raise RuntimeError(f"sageattention.{module} is not available: {reason}")
     _loaded.add(arch)

@@ -24,7 +24,7 @@ from typing import Callable, Optional
 
 import torch
 
-from . import ops
+from . import extensions, ops
 from ._checks import MAX_HEAD_DIM
 from .quant import PVDtype
 
@@ -120,11 +120,11 @@ def _always(req: Request) -> bool:
 
 
 def _cuda(arch: str) -> Callable[[], str | None]:
-    return lambda: ops.cuda_unavailable_reason(arch)
+    return lambda: extensions.cuda_unavailable_reason(arch)
 
 
 def _cuda_image(arch: str) -> Callable[[tuple], str | None]:
-    return lambda capability: ops.cuda_image_missing_reason(arch, capability)
+    return lambda capability: extensions.cuda_image_missing_reason(arch, capability)
 
 
 def _triton() -> str | None:
@@ -207,7 +207,7 @@ def device_capability(device_type: str, index: int | None) -> Capability:
     """(major, minor) of a CUDA device, None for other devices."""
     if device_type != "cuda":
         return None
-    return ops.cuda_capability(torch.cuda.current_device() if index is None else index)
+    return extensions.cuda_capability(torch.cuda.current_device() if index is None else index)
 
 
 def make_request(
@@ -333,7 +333,7 @@ def reset() -> None:
     _decisions.clear()
     _plans.clear()
     _warned.clear()
-    ops.cuda_capability.cache_clear()
+    extensions.cuda_capability.cache_clear()
 
 
 # --------------------------------------------------------------------------------------------------

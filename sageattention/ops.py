@@ -7,33 +7,34 @@
   ``torch.compile(fullgraph=True)`` traces them without a graph break. In eager mode they are called
   directly: a custom-op call costs tens of microseconds of Python, which is measurable at short
   sequence lengths.
-* Compiled CUDA extensions (``sageattention._qattn_sm80/_sm89/_sm90``): loaded through ``_native``
-  (a plain C ABI, no libtorch), their ops defined by ``cuda_ops``; the reason one is missing is kept.
-  The wheel's record of the archs each one holds code for
-  (``_build_info.json``) tells whether it runs on a given GPU (one without code is passed over).
+* Compiled CUDA kernels (``sageattention._qattn_sm80/_sm89/_sm90``): ``cuda_attention`` calls the arch
+  family's launcher (cuda_sm80, cuda_sm89, cuda_sm90); whether a module loads and holds code for a GPU
+  is the bottom layer's (``extensions``).
 * torch SDPA: the fallback, with SageAttention's semantics (layouts, GQA, masks together with
   ``is_causal``, fully masked rows give 0, LSE on request).
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 import math
-import re
 import warnings
 from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 
-from . import _native, cuda_ops
+from . import cuda_sm80, cuda_sm89, cuda_sm90
+from .extensions import (  # noqa: F401
+    COMPILED_EXTENSIONS,
+    FUSED_EXTENSION,
+    _import_extension,
+    build_info,
+    cuda_capability,
+    fused_quant_unavailable_reason,
+    kernel_image_missing_reason,
+)
 from .quant import PVDtype
-
-#: The compiled extensions, by the arch family their kernels were written for.
-COMPILED_EXTENSIONS = {"sm80": "_qattn_sm80", "sm89": "_qattn_sm89", "sm90": "_qattn_sm90"}
-#: The compiled fused quantization ops (torch.ops.sageattention.quant_*), for every built arch.
-FUSED_EXTENSION = "_fused"
 
 #: ``enable_gqa`` of F.scaled_dot_product_attention exists from torch 2.5 on.
 _SDPA_HAS_GQA = torch.__version__ >= (2, 5)
@@ -67,89 +68,6 @@ def triton_unavailable_reason() -> str | None:
     return None
 
 
-def _import_extension(module: str) -> tuple[_native.Library | None, str | None]:
-    """(the module's functions, None) when ``sageattention.<module>`` loads and its ops are defined, else
-    (None, why not); once (cuda_ops.register)."""
-    if cuda_ops.register(module):
-        return _native.load(module)[0], None
-    return None, cuda_ops.unavailable_reason(module)
-
-
-def extension_status(arch: str) -> tuple[_native.Library | None, str | None]:
-    """(module, None) when ``sageattention._qattn_<arch>`` loads, else (None, why not)."""
-    return _import_extension(COMPILED_EXTENSIONS[arch])
-
-
-def build_info() -> dict:
-    """What the build compiled, for which archs (``_native.build_info``, the wheel's
-    ``_build_info.json``)."""
-    return _native.build_info()
-
-
-@functools.cache  # a handful of (arch, GPU) pairs; asked on every quantization_backend="cuda" call
-def sass_runs_on(arch: str, capability: tuple) -> bool:
-    """Whether SASS built for ``arch`` ("8.6", "9.0a", "10.0f") loads on a GPU of compute capability
-    ``capability``: one of the same major and at least its minor; an arch-specific build ("a") only
-    on that very arch. (The builds embed SASS alone, no PTX.) An arch of another form counts as
-    runnable: the driver decides."""
-    match = re.fullmatch(r"(\d+)\.(\d+)([af]?)", arch)
-    if match is None:
-        return True
-    major, minor = int(match[1]), int(match[2])
-    if match[3] == "a":
-        return tuple(capability) == (major, minor)
-    return capability[0] == major and capability[1] >= minor
-
-
-@functools.cache
-def cuda_capability(index: int) -> tuple[int, int]:
-    """(major, minor) of CUDA device ``index``, queried once per process (the query costs about a
-    microsecond, on every call that asked it); ``cuda_capability.cache_clear()`` forgets it."""
-    return tuple(torch.cuda.get_device_capability(index))
-
-
-def kernel_image_missing_reason(module: str, capability: tuple) -> str | None:
-    """Why ``sageattention.<module>`` holds no code for a GPU of ``capability`` (None: it holds some,
-    or the build left no record of its archs)."""
-    archs = build_info().get("extensions", {}).get(f"sageattention.{module}")
-    if not archs or any(sass_runs_on(arch, capability) for arch in archs):
-        return None
-    gpu = f"{capability[0]}.{capability[1]}"
-    wanted = gpu + ("a" if capability[0] >= 9 else "")  # the builds name sm90 and newer arch-specific
-    return (
-        f"sageattention.{module} holds no code for this GPU ({gpu}; built for {', '.join(archs)}); a build "
-        f"with {wanted} in TORCH_CUDA_ARCH_LIST has it"
-    )
-
-
-def cuda_image_missing_reason(arch: str, capability: tuple) -> str | None:
-    """Why an arch family's kernels, or the fused quantization ops they read, hold no code for a GPU
-    of ``capability`` (None: both do, as far as the build's record tells)."""
-    return kernel_image_missing_reason(COMPILED_EXTENSIONS[arch], capability) or kernel_image_missing_reason(
-        FUSED_EXTENSION, capability
-    )
-
-
-def fused_quant_unavailable_reason() -> str | None:
-    """None when the compiled fused quantization ops (``sageattention._fused``) load, else why not."""
-    module, reason = _import_extension(FUSED_EXTENSION)
-    return None if module is not None else f"sageattention.{FUSED_EXTENSION} could not be imported ({reason})"
-
-
-#: Arch families whose compiled kernels serve ``sageattn`` (and the named CUDA variants) in this version.
-WIRED_EXTENSIONS = ("sm80", "sm89", "sm90")
-
-
-def cuda_unavailable_reason(arch: str) -> str | None:
-    """Why the compiled kernels of an arch family cannot serve ``sageattn`` here (None: they can)."""
-    module, reason = extension_status(arch)
-    if module is None:
-        return f"sageattention.{COMPILED_EXTENSIONS[arch]} could not be imported ({reason})"
-    if arch not in WIRED_EXTENSIONS:
-        return f"sageattention.{COMPILED_EXTENSIONS[arch]} is present but not wired to the Python API yet"
-    return fused_quant_unavailable_reason()  # the kernels read what the fused quantization ops write
-
-
 #: pv_accum_dtype (quant.PVAccum values) -> the accumulation each mma.sync kernel runs. None (sageattn
 #: without the option) takes the first entry's kernel default below; a value a kernel does not have
 #: maps to its nearest (the named variants accept only the kernel's own values, core.py).
@@ -167,12 +85,10 @@ def _pv_accum(arch: str, options: dict) -> str:
     accum = options.get("pv_accum")
     if arch == "sm80":
         return "fp32" if accum is None else _SM80_ACCUM[accum.value]
-    from .cuda_sm89 import fp16_accum_available  # noqa: PLC0415 - reads the built extension
-
     # sm89's own default is "fp32+fp16" (FP16 accumulation runs the FP8 MMA at twice the rate on sm89
     # GeForce and workstation GPUs); a build made with CUDA < 12.8 lacks it and runs "fp32+fp32".
     chosen = "fp32+fp16" if accum is None else _SM89_ACCUM[accum.value]
-    if chosen == "fp32+fp16" and not fp16_accum_available():
+    if chosen == "fp32+fp16" and not cuda_sm89.fp16_accum_available():
         if accum is not None and not torch.compiler.is_compiling() and not _fp16_accum_warned:
             _fp16_accum_warned.append(True)
             warnings.warn(
@@ -202,14 +118,21 @@ def cuda_attention(q, k, v, *, arch, attn_mask, is_causal, sm_scale, return_lse,
     # No device switch here: every compiled op holds a CUDAGuard on its inputs' GPU (csrc/bindings.cpp)
     # and the torch reductions in the launchers run where their tensors are. This function is traced
     # by torch.compile, where a Python context manager of our own would break the graph.
-    launcher = _launchers.get(arch)
-    if launcher is None:
-        launcher = _launcher(arch)
+    if arch not in _LAUNCHERS:
+        valid = ", ".join(COMPILED_EXTENSIONS)
+        raise ValueError(f"arch={arch!r} has no compiled kernels; valid values: {valid}")
+    module, name = _LAUNCHERS[arch]
+    launcher = getattr(module, name)  # looked up at call time: tests put stand-ins there
     if arch == "sm90":
         return launcher(q, k, v, is_causal=is_causal, sm_scale=sm_scale, smooth_k=smooth_k,
                         return_lse=return_lse, check=False)  # fmt: skip
     return launcher(q, k, v, is_causal=is_causal, sm_scale=sm_scale, smooth_k=smooth_k, return_lse=return_lse,
                     check=False, pv_accum=_pv_accum(arch, options))  # fmt: skip
+
+
+#: Each arch family's launcher: (module, function).
+_LAUNCHERS = {"sm80": (cuda_sm80, "attention_sm80"), "sm89": (cuda_sm89, "attention_sm89"),
+              "sm90": (cuda_sm90, "attention_sm90")}  # fmt: skip
 
 
 def cuda_call_plan(q, k, v, *, arch, nhd, is_causal, sm_scale, smooth_k, return_lse):
@@ -218,31 +141,8 @@ def cuda_call_plan(q, k, v, *, arch, nhd, is_causal, sm_scale, smooth_k, return_
     one op, whose arguments pack once) or its kernels do not take the head dim."""
     if arch != "sm90" or q.shape[-1] % 8:
         return None
-    from .cuda_sm90 import call_plan  # noqa: PLC0415 - see _launcher
-
-    return call_plan(q, k, v, nhd=nhd, is_causal=is_causal, sm_scale=sm_scale, smooth_k=smooth_k,
-                     return_lse=return_lse)  # fmt: skip
-
-
-_launchers: dict = {}  # arch -> its launcher, imported on the first call (an import costs a microsecond)
-
-
-def _launcher(arch: str):
-    """The launcher of an arch family, imported once. Imports here, not at the top: the launchers import
-    cuda_common, which imports this module. (Import statements, which torch.compile traces;
-    importlib.import_module it would not.)"""
-    if arch == "sm80":
-        from .cuda_sm80 import attention_sm80 as launcher  # noqa: PLC0415
-    elif arch == "sm89":
-        from .cuda_sm89 import attention_sm89 as launcher  # noqa: PLC0415
-    elif arch == "sm90":
-        from .cuda_sm90 import attention_sm90 as launcher  # noqa: PLC0415
-    else:
-        raise ValueError(
-            f"arch={arch!r} has no compiled kernels; valid values: {', '.join(COMPILED_EXTENSIONS)}"
-        )
-    _launchers[arch] = launcher
-    return launcher
+    return cuda_sm90.call_plan(q, k, v, nhd=nhd, is_causal=is_causal, sm_scale=sm_scale, smooth_k=smooth_k,
+                               return_lse=return_lse)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------

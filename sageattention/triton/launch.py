@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from ..ops import cuda_capability
+from ..extensions import cuda_capability
 from ..quant import FP8_E4M3_MAX, PVDtype
 from . import attention as _attn
 from . import quant as _quant

@@ -7,7 +7,7 @@ import importlib
 import pytest
 import torch
 
-from sageattention import _native, cuda_sm89, dispatch, ops
+from sageattention import _native, cuda_sm89, dispatch, extensions, ops
 from sageattention.dispatch import Request
 from sageattention.quant import PVAccum, PVDtype
 
@@ -23,7 +23,7 @@ def built(monkeypatch):
     def configure(cuda=(), triton=True, archs=None):
         cuda = set(cuda)
         monkeypatch.setattr(
-            ops, "cuda_unavailable_reason", lambda arch: None if arch in cuda else f"{arch} not built"
+            extensions, "cuda_unavailable_reason", lambda arch: None if arch in cuda else f"{arch} not built"
         )
         monkeypatch.setattr(ops, "triton_unavailable_reason", lambda: None if triton else "no triton")
         record = {"extensions": {f"sageattention.{m}": a for m, a in (archs or {}).items()}} if archs else {}
@@ -124,7 +124,7 @@ def test_fallback_reason_names_each_missing_backend(built):
     ],
 )
 def test_sass_runs_on(arch, capability, runs):
-    assert ops.sass_runs_on(arch, capability) is runs
+    assert extensions.sass_runs_on(arch, capability) is runs
 
 
 #: The default build's record (build-matrix.yaml, archs 8.0 8.6 8.9 9.0a 12.0a; 10.0a is optional).
@@ -179,18 +179,18 @@ def test_forced_variant_without_code_for_the_gpu(built, monkeypatch):
 
 
 def test_build_record_is_read_from_the_package(monkeypatch):
-    """ops.build_info reads _build_info.json beside the package's modules; none there (a source tree):
+    """extensions.build_info reads _build_info.json beside the package's modules; none there (a source tree):
     no record, and nothing is passed over for want of one."""
     monkeypatch.setattr(_native, "_build_record", [])
-    assert ops.build_info() == {}
-    assert ops.cuda_image_missing_reason("sm89", (10, 0)) is None
+    assert extensions.build_info() == {}
+    assert extensions.cuda_image_missing_reason("sm89", (10, 0)) is None
 
 
 def test_real_availability_reasons_are_recorded():
     """Without pretend builds: the compiled extensions are absent in a source tree, and say so."""
-    module, reason = ops.extension_status("sm90")
+    module, reason = extensions.extension_status("sm90")
     assert module is None and "is not built in this installation" in reason
-    assert "could not be imported" in ops.cuda_unavailable_reason("sm90")
+    assert "could not be imported" in extensions.cuda_unavailable_reason("sm90")
 
 
 def test_table_is_ordered_data_ending_with_sdpa():
@@ -294,7 +294,7 @@ def test_explain_does_not_warn(recwarn):
 
 
 def test_compiled_families_are_wired():
-    assert set(ops.WIRED_EXTENSIONS) == {"sm80", "sm89", "sm90"}
+    assert set(extensions.WIRED_EXTENSIONS) == {"sm80", "sm89", "sm90"}
 
 
 @pytest.mark.parametrize(
@@ -328,7 +328,6 @@ def test_cuda_attention_runs_the_arch_launcher(monkeypatch, arch, launcher, accu
     module = importlib.import_module(f"sageattention.cuda_{arch}")
     calls = []
     monkeypatch.setattr(module, launcher, lambda q, k, v, **kw: calls.append(kw) or (q, None))
-    monkeypatch.setattr(ops, "_launchers", {})  # the launchers are looked up once: forget the real ones
     monkeypatch.setattr(cuda_sm89, "fp16_accum_available", lambda: True)
     q, k, v = _cpu_qkv(64)
     ops.cuda_attention(q, k, v, arch=arch, attn_mask=None, is_causal=True, sm_scale=0.125, return_lse=False,
@@ -392,22 +391,17 @@ def test_the_record_setup_py_writes_is_the_one_read(monkeypatch):
     record = {"extensions": {p.name: list(p.archs) for p in m.extension_plan("sageattention", archs)}}
     monkeypatch.setattr(_native, "_build_record", [record])
     for arch, capability in (("sm90", (9, 0)), ("sm89", (8, 9)), ("sm89", (12, 0)), ("sm80", (8, 6))):
-        assert ops.cuda_image_missing_reason(arch, capability) is None, (arch, capability)
-    assert "holds no code for this GPU (10.0;" in ops.cuda_image_missing_reason("sm89", (10, 0))
+        assert extensions.cuda_image_missing_reason(arch, capability) is None, (arch, capability)
+    assert "holds no code for this GPU (10.0;" in extensions.cuda_image_missing_reason("sm89", (10, 0))
 
 
-@pytest.mark.parametrize("looked_up", [False, True], ids=["first-call", "launcher-cached"])
 @pytest.mark.parametrize("arch", ["sm80", "sm89", "sm90"])
-def test_cuda_attention_traces_in_one_graph(monkeypatch, arch, looked_up):
+def test_cuda_attention_traces_in_one_graph(monkeypatch, arch):
     """torch.compile(fullgraph=True) traces the way from ops.cuda_attention to each family's launcher
-    (the launchers themselves stand in here: no GPU), whether an eager call has looked the launcher up
-    already or not: a lookup dynamo cannot trace (importlib, ctypes) on that way breaks the graph on
-    the GPU machine."""
+    (the launchers themselves stand in here: no GPU): a lookup dynamo cannot trace (importlib, ctypes)
+    on that way breaks the graph on the GPU machine."""
     module = importlib.import_module(f"sageattention.cuda_{arch}")
     monkeypatch.setattr(module, f"attention_{arch}", lambda q, k, v, **kw: (q * 2, None))
-    monkeypatch.setattr(ops, "_launchers", {})
-    if looked_up:
-        ops._launcher(arch)
     monkeypatch.setattr(cuda_sm89, "fp16_accum_available", lambda: True)
     torch._dynamo.reset()
 
