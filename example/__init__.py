@@ -1,12 +1,15 @@
-"""How to use sageattention from real clients: each module is a script and a library.
+"""The integrations of sageattention.integrations, measured: each module is a script that prints what it
+measured (cosine similarity against torch SDPA, time). The integration code itself is in the package;
+nothing here is needed to use it.
 
-* ``sdpa_monkeypatch``: every ``torch.nn.functional.scaled_dot_product_attention`` call of the process
-  goes to ``sageattn``, and the calls it cannot serve exactly go to the original function.
-* ``diffusers_backend``: diffusers' attention backend ``"sage"``, and a processor that wraps any
-  attention processor, on a Flux-style transformer built from a config with random weights.
-* ``transformers_attention``: an attention function registered with transformers'
-  ``AttentionInterface``, on a Llama-style model built from a config with random weights.
+* ``sdpa_monkeypatch``: the SDPA patch (sageattention.integrations.sdpa) on single calls, and the time
+  of a Flux-sized attention call with and without it.
+* ``diffusers_backend``: diffusers' attention backend ``"sage"`` and the processors of
+  sageattention.integrations.diffusers, on a Flux-style transformer built from a config with random
+  weights.
+* ``transformers_attention``: the attention function of sageattention.integrations.transformers, on a
+  Llama-style model built from a config with random weights.
 
-Run one as ``python example/NAME.py`` (``--help`` lists its options); the tests import the same
-functions (tests/unit/test_example_*.py on the CPU, tests/gpu/test_integration.py on a GPU).
+Run one as ``python example/NAME.py`` (``--help`` lists its options); the tests use the same models
+(tests/unit/test_example_*.py on the CPU, tests/gpu/test_integration.py on a GPU).
 """

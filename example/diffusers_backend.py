@@ -1,6 +1,5 @@
-"""SageAttention in diffusers, on a Flux-style transformer built from a config with random weights.
-
-Two ways, neither of which changes diffusers:
+"""SageAttention in diffusers, measured on a Flux-style transformer built from a config with random
+weights. Two ways, neither of which changes diffusers:
 
 1. diffusers' attention dispatcher has a "sage" backend that calls ``sageattention.sageattn``:
 
@@ -10,27 +9,23 @@ Two ways, neither of which changes diffusers:
    diffusers checks that sageattention (>= 2.1.1) is installed, and refuses attention masks on this
    backend (ValueError); models that pass none (Flux, SD3, Wan, ...) are served.
 
-2. A processor, for any model with attention processors, including those whose processors call
-   ``F.scaled_dot_product_attention`` themselves (UNets) and diffusers versions without the dispatcher:
+2. The processors of the package (nothing here is needed to use them), for any model with attention
+   processors, including those whose processors call ``F.scaled_dot_product_attention`` themselves
+   (UNets) and diffusers versions without the dispatcher:
 
+       from sageattention.integrations.diffusers import sage_processors
        pipe.transformer.set_attn_processor(sage_processors(pipe.transformer))
 
-   ``sage_processor`` wraps a processor: inside it, scaled_dot_product_attention goes to sageattn
-   with the rules of sdpa_monkeypatch.py (masks kept, anything sageattn cannot compute the same way
-   goes to torch SDPA). Processors that call the dispatcher reach torch SDPA through its default
-   "native" backend.
-
-Run as a script, it runs one denoising step of the transformer with torch SDPA, with the "sage"
-backend, with the processors and under the process-wide SDPA patch, and prints the cosine similarity
-of each output against the SDPA run and the times; first with the random weights as built, then
-after ``attention_sensitive`` (see there: at random init the output barely depends on attention).
+Run as a script, this runs one denoising step of the transformer with torch SDPA, with the "sage"
+backend, with the processors and under the process-wide SDPA patch (sageattention.integrations.sdpa),
+and prints the cosine similarity of each output against the SDPA run and the times; first with the
+random weights as built, then after ``attention_sensitive`` (see there: at random init the output
+barely depends on attention).
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
-import functools
 import math
 import sys
 from pathlib import Path
@@ -50,45 +45,10 @@ from example.measure import (  # noqa: E402
     time_ms,
     uniform_attention,
 )
-from example.sdpa_monkeypatch import SageSDPA, patched  # noqa: E402
+from sageattention.integrations.diffusers import sage_processors  # noqa: E402
+from sageattention.integrations.sdpa import patched  # noqa: E402
 
-# --------------------------------------------------------------------------------------------------
-# The processor
-
-
-_wrapped_classes: dict = {}
-
-
-def sage_processor(processor, **options):
-    """A copy of ``processor`` whose scaled_dot_product_attention calls go to sageattn.
-
-    ``options`` are SageSDPA's (``masks``, ``devices``, ``warn``). The copy keeps the processor's
-    signature, which diffusers reads to decide which arguments to pass.
-    """
-    base = type(processor)
-    if getattr(base, "_sage_wraps", None) is not None:
-        return processor
-    cls = _wrapped_classes.get(base)
-    if cls is None:
-
-        @functools.wraps(base.__call__)  # the signature diffusers inspects is the wrapped one
-        def __call__(self, *args, **kwargs):
-            with patched(self._sage_patch):
-                return base.__call__(self, *args, **kwargs)
-
-        cls = type(f"Sage{base.__name__}", (base,), {"__call__": __call__, "_sage_wraps": base})
-        cls.__module__ = __name__
-        _wrapped_classes[base] = cls
-    wrapped = copy.copy(processor)
-    wrapped.__class__ = cls
-    wrapped._sage_patch = SageSDPA(torch.nn.functional.scaled_dot_product_attention, **options)
-    return wrapped
-
-
-def sage_processors(model, **options) -> dict:
-    """The model's attention processors, each wrapped by sage_processor (for ``set_attn_processor``)."""
-    return {name: sage_processor(p, **options) for name, p in model.attn_processors.items()}
-
+__all__ = ["attention_sensitive", "build_flux", "compare", "flux_inputs", "sage_processors"]
 
 # --------------------------------------------------------------------------------------------------
 # A Flux-style transformer from a config, random weights
@@ -187,6 +147,8 @@ def attention_sensitive(model, qk_norm_scale: float = 2.0, modulation_gain: floa
 
 
 SDPA = "torch SDPA (native)"
+#: The row of the process-wide SDPA patch (sageattention.integrations.sdpa) in compare's table.
+PATCH = "native + sageattention SDPA patch"
 
 
 def compare(model, inputs: dict, reps: int = 5, cudnn: bool = True) -> list[dict]:
@@ -224,7 +186,7 @@ def compare(model, inputs: dict, reps: int = 5, cudnn: bool = True) -> list[dict
     finally:
         model.set_attn_processor(originals)
     with patched(warn=False):
-        runs["native + sdpa_monkeypatch"] = run()
+        runs[PATCH] = run()
     with uniform_attention():
         runs[CONTROL] = (forward(), None)
 

@@ -2,6 +2,11 @@
 
 Plain text by default (for bug reports), JSON with ``--json`` (for scripts). It never fails on a
 machine without a GPU, Triton or the compiled extensions: it says why each one is missing.
+
+``python -m sageattention run script.py [args...]`` (or ``run -m module [args...]``) runs a script as
+``__main__`` with every ``F.scaled_dot_product_attention`` call through sageattn where it computes the
+same (``sageattention.integrations.sdpa``), and prints where the calls went to stderr at exit.
+``SAGEATTENTION_PATCH_SDPA=0`` runs it without the patch (the counts then say so).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import importlib
 import json
 import os
 import platform
+import runpy
 import sys
 
 import torch
@@ -154,11 +160,62 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     env = sub.add_parser("env", help="versions, GPUs, compiled kernels and the backend sageattn picks")
     env.add_argument("--json", action="store_true", help="print JSON instead of text")
+    run = sub.add_parser(
+        "run",
+        help="run a Python script with F.scaled_dot_product_attention through sageattn where it can be",
+        description="Run a script as __main__ with the SDPA patch of sageattention.integrations.sdpa "
+        "installed, then print to stderr how many scaled_dot_product_attention calls went to sageattn "
+        "and why the others went to the original function. SAGEATTENTION_PATCH_SDPA=0 runs the script "
+        "without the patch.",
+    )
+    run.add_argument(
+        "--no-warn", action="store_true", help="no SDPAFallbackWarning (the counts still say why)"
+    )
+    run.add_argument("-m", dest="module", help="run a module as python -m does, instead of a script")
+    run.add_argument("script", nargs="?", help="the script (with -m: the first argument of the module)")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     args = parser.parse_args(argv)
     if args.command == "env":
         info = collect()
         print(json.dumps(info, indent=2) if args.json else _text(info))
+    elif args.command == "run":
+        if args.module is None and args.script is None:
+            run.error("give a script, or -m and a module")
+        script_args = ([args.script] if args.module and args.script else []) + args.args
+        return _run(args.script if args.module is None else None, args.module, script_args, not args.no_warn)
     return 0
+
+
+def _run(script: str | None, module: str | None, script_args: list, warn: bool) -> int:
+    """Run the script (or module) as __main__ under the SDPA patch; the exit status it ends with."""
+    from .integrations import sdpa  # noqa: PLC0415
+
+    patch = sdpa.install(warn=warn) if sdpa.env_setting(default=True) else None
+    code = 0
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [script or module, *script_args]
+    if script is not None:  # as `python script.py`: the script's folder first on the path
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        if script is not None:
+            runpy.run_path(script, run_name="__main__")
+        else:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+        sys.stdout.flush()
+        if patch is None:
+            print(f"sageattention run: not patched ({sdpa.ENV_VAR}=0)", file=sys.stderr)
+        else:
+            print(f"sageattention run: {sdpa.format_calls(patch)}", file=sys.stderr)
+            sdpa.uninstall()
+    return code
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""sageattention inside diffusers and transformers on a GPU, end to end, through the examples' code.
+"""sageattention inside diffusers and transformers on a GPU, end to end, through the package's integrations
+(sageattention.integrations: sdpa, diffusers, transformers), on the models and tables of the example
+scripts (example/*.py build the models and measure; the integration code is the package's).
 
 * a Flux-style diffusers transformer (Flux.1 block shapes, 2 + 4 blocks, random weights) for one
   denoising step at 4096 and 16384 image tokens (1024x1024 and 2048x2048 images) + 512 text tokens;
@@ -25,9 +27,8 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+# Skipped per test, not at import: on a machine without a GPU the module still imports and collects.
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 # The repository's `example` package, first on the path: some environments install an unrelated
 # top-level module of that name (and pytest may run from elsewhere).
@@ -36,8 +37,9 @@ sys.path.insert(0, _ROOT)
 if not str(getattr(sys.modules.get("example"), "__file__", _ROOT)).startswith(_ROOT):
     del sys.modules["example"]
 
-from example import sdpa_monkeypatch as smp  # noqa: E402
+from example import sdpa_monkeypatch as sdpa_script  # noqa: E402
 from example.measure import describe, format_table  # noqa: E402
+from sageattention.integrations import sdpa as smp  # noqa: E402
 
 #: The acceptance bound of the integrations: final outputs against the SDPA run of the same model.
 END_TO_END_COS = 0.999
@@ -48,7 +50,7 @@ CONTROL_BELOW = 0.995
 #: n=4096; a broken kernel lands far lower).
 CALL_COS = 0.998
 DEVICE = torch.device("cuda")
-SAGE_PATHS = ("sage", "sageattn", "sdpa_monkeypatch")
+SAGE_PATHS = ("sage", "sageattn", "SDPA patch")
 
 
 @pytest.fixture
@@ -77,15 +79,16 @@ def _check(rows: list[dict], control: str) -> None:
 
 
 def test_sdpa_patch_on_single_calls(show):
-    rows = smp.check_calls(DEVICE, n=1024)
-    show(f"sdpa_monkeypatch, single calls, {describe(DEVICE)}", rows, ["call", "went to", "cos vs original"])
+    rows = sdpa_script.check_calls(DEVICE, n=1024)
+    columns = ["call", "went to", "cos vs original"]
+    show(f"sageattention.integrations.sdpa, single calls, {describe(DEVICE)}", rows, columns)
     went = {row["call"]: row for row in rows}
     for name in ("plain", "causal", "GQA (enable_gqa)", "bool mask", "additive mask", "scale=0.05"):
         assert went[name]["went to"] == smp.SAGE and went[name]["cos vs original"] >= CALL_COS, went[name]
     for name in ("float32", "dropout_p=0.1 (seeded)", "head_dim 256"):
         assert went[name]["went to"].startswith("original: "), went[name]
         assert went[name]["cos vs original"] == pytest.approx(1.0, abs=1e-6), went[name]
-    timed = smp.time_call(DEVICE)
+    timed = sdpa_script.time_call(DEVICE)
     show(
         "attention calls back to back, bf16, SDPA against the patch (ms per call)",
         [timed],
@@ -99,7 +102,9 @@ def test_diffusers_flux_end_to_end(show):
     from diffusers.utils import logging
 
     from example import diffusers_backend as db
+    from sageattention.integrations import diffusers as integration
 
+    assert db.sage_processors is integration.sage_processors  # the package's processors
     logging.set_verbosity_error()
     model = db.build_flux("flux-blocks", DEVICE)
     params = sum(p.numel() for p in model.parameters()) / 1e9
@@ -128,9 +133,10 @@ def test_diffusers_flux_end_to_end(show):
 def test_transformers_llama_end_to_end(show):
     pytest.importorskip("transformers")
     from example import transformers_attention as ta
+    from sageattention.integrations import transformers as integration
 
-    ta.register()
-    ta._calls.clear()
+    integration.register(devices=("cuda",))
+    integration.reset()
     model = ta.build_llama("8b-layers", DEVICE)
     params = sum(p.numel() for p in model.parameters()) / 1e9
     name = f"transformers LlamaForCausalLM 8b-layers ({params:.2f}B parameters)"
@@ -150,9 +156,9 @@ def test_transformers_llama_end_to_end(show):
         results[init] = rows, padded
     del model
     torch.cuda.empty_cache()
-    calls = ta.calls()
+    calls = integration.calls()
     print(f"calls of the registered function: {calls}")
-    assert calls.get(ta.NAME, 0) > 0 and not [c for c in calls if c != ta.NAME], calls
+    assert calls.get(integration.NAME, 0) > 0 and not [c for c in calls if c != integration.NAME], calls
     rows, padded = results["attention-sensitive init"]
     _check(rows, ta.CONTROL)
     _check([r for r in padded if r["attention"] != ta.CONTROL], ta.CONTROL)

@@ -1,8 +1,9 @@
-"""example/diffusers_backend.py and example/transformers_attention.py on the CPU, with tiny models built
-from configs (random weights, no download): every attention call of the model reaches sageattn (run
-here by the ``triton_standin`` fixture: the simulated quantization on CPU tensors), the outputs agree
-with the SDPA run, the processors keep their signatures, the padding mask reaches sageattn, and the
-calls sageattn cannot serve exactly reach SDPA. Skipped where diffusers or transformers is missing.
+"""sageattention.integrations.diffusers and .transformers on the CPU, with tiny models built from configs
+by the scripts example/diffusers_backend.py and example/transformers_attention.py (random weights, no
+download): every attention call of the model reaches sageattn (run here by the ``triton_standin``
+fixture: the simulated quantization on CPU tensors), the outputs agree with the SDPA run, the processors
+keep their signatures, the padding mask reaches sageattn, and the calls sageattn cannot serve exactly
+reach SDPA. Skipped where diffusers or transformers is missing.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import warnings
 import pytest
 import torch
 
-from example import sdpa_monkeypatch as smp
+from example.measure import cosine
+from sageattention.integrations import sdpa as smp
 
 # Simulated FP8 P·V on tiny random models; the GPU test holds the real kernels to 0.999.
 COS = 0.999
@@ -36,13 +38,14 @@ def _quiet():
 def llama(triton_standin):
     pytest.importorskip("transformers")
     from example import transformers_attention as ta
+    from sageattention.integrations import transformers as integration
 
-    ta.register(devices=("cpu",))
-    ta._calls.clear()
+    integration.register(devices=("cpu",))
+    integration.reset()
     model = ta.build_llama("tiny", "cpu")
     ta.attention_sensitive(model)
     yield ta, model
-    ta.register(devices=("cuda",))
+    integration.register(devices=("cuda",))
 
 
 def test_registered_attention_serves_every_layer(llama, triton_standin):
@@ -60,8 +63,6 @@ def test_registered_attention_serves_every_layer(llama, triton_standin):
     assert call["q"].shape[1] == model.config.num_attention_heads
     assert call["k"].shape[1] == model.config.num_key_value_heads  # GQA without repeating K, V
     assert model.config._attn_implementation == "sdpa"  # implementation() put it back
-    from example.measure import cosine
-
     assert cosine(out, ref) >= COS
 
 
@@ -73,7 +74,7 @@ def test_padding_reaches_sageattn_as_a_mask(llama, triton_standin):
     rows = {r["attention"]: r for r in ta.compare(model, ids, mask, reps=1)}
     masks = [c["attn_mask"] for c in triton_standin.calls]
     assert masks and all(m is not None and m.dtype == torch.bool for m in masks)
-    for name in (f'attn_implementation="{ta.NAME}"', "sdpa + sdpa_monkeypatch"):
+    for name in (f'attn_implementation="{ta.NAME}"', ta.PATCH):
         assert rows[name]["cos vs sdpa"] >= COS, rows
 
 
@@ -98,7 +99,7 @@ def test_compare_reports_every_path_and_the_control(llama):
     ta, model = llama
     rows = ta.compare(model, ta.token_ids(model, 1, 32), reps=1)
     names = [r["attention"] for r in rows]
-    assert names == [ta.SDPA, f'attn_implementation="{ta.NAME}"', "sdpa + sdpa_monkeypatch", ta.CONTROL]
+    assert names == [ta.SDPA, f'attn_implementation="{ta.NAME}"', ta.PATCH, ta.CONTROL]
     assert all(r["cos vs sdpa"] >= COS for r in rows[:-1])
 
 
@@ -116,14 +117,16 @@ def flux(triton_standin):
 
 
 def test_processors_route_attention_to_sageattn(flux, triton_standin):
+    from sageattention.integrations.diffusers import sage_processor, sage_processors
+
     db, model, inputs = flux
     originals = model.attn_processors
-    wrapped = db.sage_processors(model, devices=("cpu",), warn=False)
+    wrapped = sage_processors(model, devices=("cpu",), warn=False)
     for name, processor in wrapped.items():
         before = inspect.signature(originals[name].__call__)
         assert inspect.signature(processor.__call__) == before  # diffusers reads it to pass arguments
         assert isinstance(processor, type(originals[name]))
-        assert db.sage_processor(processor) is processor  # wrapping twice changes nothing
+        assert sage_processor(processor) is processor  # wrapping twice changes nothing
     with torch.no_grad():
         ref = model(**inputs, return_dict=False)[0]
         model.set_attn_processor(dict(wrapped))  # a copy: set_attn_processor empties the dict it gets
@@ -132,8 +135,6 @@ def test_processors_route_attention_to_sageattn(flux, triton_standin):
     blocks = model.config.num_layers + model.config.num_single_layers
     assert len(triton_standin.calls) == blocks
     assert sum(p._sage_patch.calls[smp.SAGE] for p in wrapped.values()) == blocks
-    from example.measure import cosine
-
     assert cosine(out, ref) >= COS
 
 
@@ -146,13 +147,13 @@ def test_compare_runs_every_path(flux):
     assert "note" in backend or backend["cos vs sdpa"] >= COS
     assert rows["sage_processors"]["cos vs sdpa"] >= COS
     # On the CPU (no devices=("cpu",) here) the processors and the patch give the call to SDPA itself.
-    assert rows["native + sdpa_monkeypatch"]["cos vs sdpa"] == pytest.approx(1.0, abs=1e-9)
+    assert rows[db.PATCH]["cos vs sdpa"] == pytest.approx(1.0, abs=1e-9)
 
 
 def test_attention_sensitive_init_makes_the_control_move(flux):
     """The reason for attention_sensitive: afterwards a wrong attention visibly changes the output."""
     db, model, inputs = flux
-    from example.measure import cosine, uniform_attention
+    from example.measure import uniform_attention
 
     model.set_attention_backend("native")
     with torch.no_grad():

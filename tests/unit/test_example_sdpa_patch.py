@@ -1,5 +1,7 @@
-"""example/sdpa_monkeypatch.py on the CPU: which calls go to sageattn, and that every other call reaches
-the original scaled_dot_product_attention with its arguments untouched (nothing dropped).
+"""sageattention.integrations.sdpa on the CPU (and the script example/sdpa_monkeypatch.py): which calls
+go to sageattn, and that every other call reaches the original scaled_dot_product_attention with its
+arguments untouched (nothing dropped). The routing follows the library's own checks and dispatch table:
+where those change (a backend that takes a new case), the patch follows.
 
 sageattn's quantized path runs here through the ``triton_standin`` fixture (the simulated
 quantization of sageattention.reference on CPU tensors), with the patch allowed to take CPU tensors.
@@ -13,8 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from example import sdpa_monkeypatch as smp
+from example import sdpa_monkeypatch as script
 from example.measure import cosine
+from sageattention import dispatch
+from sageattention.integrations import sdpa as smp
 
 SDPA = F.scaled_dot_product_attention
 
@@ -64,17 +68,17 @@ def _unsupported_cases():
             "attn_mask requires grad",
         ),
         "float32": (tuple(t.float() for t in (q, k, v)), {}, "dtype torch.float32"),
-        "3-D": ((q[0], k[0], v[0]), {}, "4-D"),
-        "head dim 192": (qkv(d=192), {}, "head_dim 192"),
-        "value head dim differs": ((q, k, qkv(d=64)[2]), {}, "shapes differ"),
+        "3-D": ((q[0], k[0], v[0]), {}, "must have 4 dimensions"),
+        "head dim 192": (qkv(d=192), {}, "no quantized kernel for this call on cpu: head_dim > 128"),
+        "value head dim differs": ((q, k, qkv(d=64)[2]), {}, "k and v must have the same shape"),
         "GQA without enable_gqa": (qkv(hkv=1), {}, "head counts"),
-        "heads do not divide": (qkv(hq=3, hkv=2), {"enable_gqa": True}, "head counts"),
+        "heads do not divide": (qkv(hq=3, hkv=2), {"enable_gqa": True}, "must be a multiple"),
         "mask with is_causal": ((q, k, v), {"attn_mask": mask, "is_causal": True}, "is_causal"),
         "float mask of another dtype": ((q, k, v), {"attn_mask": torch.zeros(16, 16)}, "attn_mask dtype"),
         "1-D mask": ((q, k, v), {"attn_mask": torch.ones(16, dtype=torch.bool)}, "attn_mask of shape"),
         "mask not broadcastable": ((q, k, v), {"attn_mask": mask[:, :8]}, "attn_mask of shape"),
-        "strided last dim": ((qkv(d=16, n=32)[0].transpose(-1, -2), k, v), {}, "not contiguous"),
-        "negative scale": ((q, k, v), {"scale": -1.0}, "scale"),
+        "strided last dim": ((qkv(d=16, n=32)[0].transpose(-1, -2), k, v), {}, "contiguous last dimension"),
+        "negative scale": ((q, k, v), {"scale": -1.0}, "scale must be a positive finite number"),
         "empty": (qkv(n=0), {}, "empty"),
         "tensor subclass": ((_subclass(q), k, v), {}, "subclass"),
     }
@@ -222,7 +226,7 @@ def test_each_reason_warns_once():
 
 def test_script_checks_run_on_the_cpu():
     """The script's own table: on a machine without GPU every call goes to the original, unchanged."""
-    rows = smp.check_calls(torch.device("cpu"), n=32)
+    rows = script.check_calls(torch.device("cpu"), n=32)
     assert rows and all(row["went to"] == "original: cpu tensors" for row in rows)
     assert all(row["cos vs original"] == pytest.approx(1.0, abs=1e-6) for row in rows)
 
@@ -235,3 +239,67 @@ def test_training_calls_go_to_sageattn_with_gradients(triton_standin):
     out.float().sum().backward()
     for x in (q, k, v):
         assert x.grad is not None and torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+
+
+# --------------------------------------------------------------------------------------------------
+# The rules come from the library: when it serves a new case, the patch follows
+
+
+def test_a_larger_head_dim_limit_of_the_library_is_followed(monkeypatch, triton_standin):
+    patch = smp.SageSDPA(Recorder(), devices=("cpu",), warn=False)
+    args = qkv(d=192)
+    assert "head_dim > 128" in patch.why_not(*args)
+    monkeypatch.setattr(dispatch, "MAX_HEAD_DIM", 256)  # the backends learn head dims up to 256
+    smp.reset()
+    assert patch.why_not(*args) is None
+
+
+def test_a_backend_without_masks_sends_masked_calls_to_the_original(monkeypatch, triton_standin):
+    import dataclasses
+
+    table = tuple(
+        dataclasses.replace(e, backend=dataclasses.replace(e.backend, masks=False))
+        if e.backend.name.startswith("triton")
+        else e
+        for e in dispatch.TABLE
+    )
+    monkeypatch.setattr(dispatch, "TABLE", table)
+    smp.reset()
+    original = Recorder()
+    patch = smp.SageSDPA(original, devices=("cpu",), warn=False)
+    q, k, v = qkv()
+    patch(q, k, v, attn_mask=torch.ones(16, 16, dtype=torch.bool))
+    patch(q, k, v)
+    assert len(original.calls) == 1 and patch.calls[smp.SAGE] == 1
+    (reason,) = [r for r in patch.calls if r != smp.SAGE]
+    assert "no attn_mask support" in reason, reason
+
+
+def test_mask_gradients_follow_the_library(monkeypatch, triton_standin):
+    patch = smp.SageSDPA(Recorder(), devices=("cpu",), warn=False)
+    q, k, v = qkv()
+    mask = torch.zeros(16, 16, dtype=torch.bfloat16, requires_grad=True)
+    assert "attn_mask requires grad" in patch.why_not(q, k, v, mask)
+    with torch.no_grad():  # no gradient recorded: the mask is a plain input
+        assert patch.why_not(q, k, v, mask) is None
+    from sageattention import autograd
+
+    monkeypatch.setattr(autograd, "check_mask_grad", lambda mask: None)  # the library learns mask grads
+    assert patch.why_not(q, k, v, mask) is None
+
+
+def test_a_device_the_library_serves_needs_no_devices_option(triton_standin):
+    """devices=None: any device type the dispatch table gives a quantized backend (here the stand-in)."""
+    patch = smp.SageSDPA(Recorder(), devices=None, warn=False)
+    patch(*qkv(n=32))
+    assert dict(patch.calls) == {smp.SAGE: 1}
+
+
+def test_unpatched_and_installed():
+    assert smp.installed() is None and smp.unpatched() is SDPA
+    patch = smp.install()
+    with smp.patched(smp.SageSDPA(F.scaled_dot_product_attention)):
+        assert smp.unpatched() is SDPA  # through both layers
+    assert smp.installed() is patch
+    text = smp.format_calls(patch)
+    assert text.startswith("scaled_dot_product_attention calls: 0 (0 to sageattn, 0 to the original)")
