@@ -197,6 +197,16 @@ def current_env() -> EnvInfo:
     )
 
 
+def _manifest(index_dir: Path, lines: list[str]) -> dict | None:
+    """The manifest of an index made by `index`, or None with a line that says how to make it."""
+    path = Path(index_dir) / INDEX_MANIFEST
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        lines.append(f"{path} not found: run `python -m sagebuild index {index_dir}` first")
+        return None
+
+
 def which(
     matrix: Matrix, env: EnvInfo, package: str = "sageattention", index_dir: Path | None = None
 ) -> tuple[int, list[str]]:
@@ -243,11 +253,8 @@ def which(
     lines.append(f"build id: {target.id}")
     lines.append(f"wheel:    {target.wheel_name}")
     if index_dir is not None:
-        manifest_path = Path(index_dir) / INDEX_MANIFEST
-        try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            lines.append(f"{manifest_path} not found: run `python -m sagebuild index {index_dir}` first")
+        manifest = _manifest(index_dir, lines)
+        if manifest is None:
             return 1, lines
         if target.wheel_name in manifest.get("variants", {}).get(variant, []):
             simple = (Path(index_dir) / variant / "simple").resolve()
@@ -359,11 +366,8 @@ def _which_abi3(
     )
     variant = f"cu{line}"
     if index_dir is not None:
-        manifest_path = Path(index_dir) / INDEX_MANIFEST
-        try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            lines.append(f"{manifest_path} not found: run `python -m sagebuild index {index_dir}` first")
+        manifest = _manifest(index_dir, lines)
+        if manifest is None:
             return 1, lines
         variants = manifest.get("variants", {})
         found = _abi3_in_index(matrix, variants.get(variant, []), target)
