@@ -135,6 +135,32 @@ def _under_another_torch(wheel: Path, tmp_path: Path) -> None:
         cwd=str(tmp_path), capture_output=True, text=True, env=envs.clean_env(),
     )  # fmt: skip
     assert where.stdout.startswith("2.13.0") and str(venv) in where.stdout, where.stdout + where.stderr
+    # Every integration imports from the installed wheel without its client (the venv has neither
+    # diffusers nor transformers), and fails only when used, naming the missing package.
+    integrations = subprocess.run(
+        [str(python), "-c", INTEGRATIONS_CHECK], cwd=str(tmp_path), capture_output=True, text=True,
+        env=envs.clean_env(),
+    )  # fmt: skip
+    assert integrations.returncode == 0, integrations.stdout + integrations.stderr
+    lines = integrations.stdout.splitlines()
+    assert len(lines) == 5 and all(str(venv) in line for line in lines[:3]), lines
+    assert lines[3:] == [f"{client}: needs the {client} package" for client in ("transformers", "diffusers")]
+
+
+INTEGRATIONS_CHECK = """
+import sys
+import sageattention.integrations.sdpa as sdpa
+import sageattention.integrations.transformers as st
+import sageattention.integrations.diffusers as sd
+assert "transformers" not in sys.modules and "diffusers" not in sys.modules
+for module in (sdpa, st, sd):
+    print(module.__file__)
+for name, use in (("transformers", st.register), ("diffusers", lambda: sd.sage_processors(object()))):
+    try:
+        use()
+    except ImportError as exc:
+        print(f"{name}: needs the {exc.name} package" if f"needs the {name} package" in str(exc) else exc)
+"""
 
 
 def test_pure_python_wheel(tmp_path):
