@@ -62,6 +62,10 @@ BY_TESTS = {
         '"verify", str(wheel)',
     ),
     "python -m sagebuild build --cpu": ("tests/build/test_wheel_build.py", '"build", "--cpu"'),
+    "python -m sageattention run script.py": (
+        "tests/unit/test_integrations_run.py",
+        '"-m", "sageattention", "run", str(script)',
+    ),
     "python -m sagebuild diff A B": (
         "tests/build/test_wheel_build.py",
         '"diff", str(wheels[0]), str(wheels[1])',

@@ -142,3 +142,31 @@ def test_importing_the_integrations_leaves_torch_alone():
     import sageattention.integrations.sdpa  # noqa: F401
 
     assert not isinstance(F.scaled_dot_product_attention, sageattention.integrations.sdpa.SageSDPA)
+
+
+DOCUMENTED = {
+    "sageattention.integrations.sdpa": ("install", "uninstall", "patched", "installed", "unpatched",
+                                        "patch_from_env", "format_calls", "SageSDPA"),
+    "sageattention.integrations.transformers": ("register", "calls", "reset", "sageattn_attention_forward"),
+    "sageattention.integrations.diffusers": ("sage_processor", "sage_processors"),
+}  # fmt: skip
+
+
+def test_api_md_documents_every_integration_and_its_options():
+    import inspect
+
+    text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    section = text[text.index("\n## Integrations\n") :]
+    section = section[: section.find("\n## ", 1)] if "\n## " in section[1:] else section
+    for module, names in DOCUMENTED.items():
+        assert f"### `{module}`" in section, module
+        integration = importlib.import_module(module)
+        for name in names:
+            assert f"`{name}" in section or f"{name}(" in section, (module, name)
+            assert hasattr(integration, name), (module, name)
+    from sageattention.integrations import sdpa, transformers
+
+    for fn in (sdpa.SageSDPA, transformers.register):
+        for param in list(inspect.signature(fn).parameters)[1:]:
+            assert f"{param}=" in section, (fn.__name__, param)
+    assert "SAGEATTENTION_PATCH_SDPA" in section and "python -m sageattention run" in section
