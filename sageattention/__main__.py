@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from . import __version__, _native, dispatch, ops
+from . import __version__, _native, dispatch, extensions, ops
 
 
 def _triton_info() -> dict:
@@ -33,12 +33,12 @@ def _triton_info() -> dict:
 
 
 def _extensions_info() -> dict:
-    built_archs = ops.build_info().get("extensions", {})
-    modules = [(arch, name) for arch, name in ops.COMPILED_EXTENSIONS.items()]
-    modules.append(("quantization", ops.FUSED_EXTENSION))
+    built_archs = extensions.build_info().get("extensions", {})
+    modules = [(arch, name) for arch, name in extensions.COMPILED_EXTENSIONS.items()]
+    modules.append(("quantization", extensions.FUSED_EXTENSION))
     info = {}
     for family, name in modules:
-        module, reason = ops._import_extension(name)
+        module, reason = extensions._import_extension(name)
         info[name] = {
             "arch_family": family,
             "present": module is not None,
@@ -51,7 +51,7 @@ def _extensions_info() -> dict:
 
 def _wheel_info() -> dict:
     """Which build is installed (its record), and whether it fits the installed torch."""
-    record = ops.build_info()
+    record = extensions.build_info()
     problem = _native.cuda_line_problem(record)
     return {
         "kind": record.get("wheel_kind", "source tree" if not record else "per-torch"),

@@ -25,11 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from . import cuda_sm80, cuda_sm89, cuda_sm90
-from .extensions import (  # noqa: F401
+from .extensions import (
     COMPILED_EXTENSIONS,
     FUSED_EXTENSION,
-    _import_extension,
-    build_info,
     cuda_capability,
     fused_quant_unavailable_reason,
     kernel_image_missing_reason,
