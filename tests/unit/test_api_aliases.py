@@ -13,15 +13,8 @@ import torch
 import sageattention as sa
 from sageattention import core, dispatch
 
-DENSE = [
-    sa.sageattn,
-    sa.sageattn_qk_int8_pv_fp16_triton,
-    sa.sageattn_qk_int8_pv_fp8_triton,
-    sa.sageattn_qk_int8_pv_fp16_cuda,
-    sa.sageattn_qk_int8_pv_fp8_cuda,
-    sa.sageattn_qk_int8_pv_fp8_cuda_sm90,
-]
-ALL = [*DENSE, sa.sageattn_varlen]
+ALL = list(core.PUBLIC_FUNCTIONS)
+DENSE = [fn for fn in ALL if fn is not sa.sageattn_varlen]
 
 
 @pytest.fixture(autouse=True)

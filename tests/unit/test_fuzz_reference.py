@@ -42,7 +42,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import sageattention as sa
-from sageattention import dispatch
+from sageattention import core, dispatch
 from sageattention.quant import PVDtype
 from sageattention.reference import attention_ref, sage_ref
 
@@ -279,14 +279,7 @@ def test_public_api_on_cpu_falls_back_and_agrees(case, sm_scale, return_lse, str
 # --------------------------------------------------------------------------------------------------
 # Argument checks: random invalid inputs raise TypeError/ValueError naming the argument
 
-ENTRY_POINTS = [
-    sa.sageattn,
-    sa.sageattn_qk_int8_pv_fp16_triton,
-    sa.sageattn_qk_int8_pv_fp8_triton,
-    sa.sageattn_qk_int8_pv_fp16_cuda,
-    sa.sageattn_qk_int8_pv_fp8_cuda,
-    sa.sageattn_qk_int8_pv_fp8_cuda_sm90,
-]
+ENTRY_POINTS = [fn for fn in core.PUBLIC_FUNCTIONS if fn is not sa.sageattn_varlen]  # the dense ones
 QKV = ("q", "k", "v")
 NOT_TENSORS = st.sampled_from([None, 1.0, 3, "q", [[1.0, 2.0]], (1, 2)])
 BAD_LAYOUTS = st.one_of(
