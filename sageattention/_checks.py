@@ -140,9 +140,9 @@ def _check_heads_and_dims(q, k, v, q_heads: int, kv_heads: int) -> int:
             "q, k and v must have the same head_dim (last dimension); "
             f"got q {head_dim}, k and v {k.shape[-1]}"
         )
-    if q_heads < 1 or kv_heads < 1:
-        raise ValueError(f"the number of heads must be at least 1; got q {q_heads}, k and v {kv_heads}")
-    if q_heads % kv_heads != 0:
+    if kv_heads < 1 and q_heads > 0:
+        raise ValueError(f"k and v have no heads while q has {q_heads}; k and v need at least 1")
+    if kv_heads > 0 and q_heads % kv_heads != 0:
         raise ValueError(
             f"the number of q heads ({q_heads}) must be a multiple of the number of k/v heads ({kv_heads})"
         )
@@ -204,10 +204,6 @@ def check_qkv(q: object, k: object, v: object, tensor_layout: str):
             f"q, k and v must have the same batch size; got q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}"
         )
     _check_heads_and_dims(q, k, v, q.shape[1], k.shape[1])
-    if q.shape[2] == 0 or k.shape[2] == 0:
-        raise ValueError(
-            f"empty sequence: q has {q.shape[2]} tokens and k/v have {k.shape[2]}; both must be at least 1"
-        )
     _check_last_dim_contiguous(q=q, k=k, v=v)
     return q, k, v
 
@@ -283,10 +279,6 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     _check_tensor("v", v, 3, shape_doc)
     _check_same(q, k, v)
     _check_heads_and_dims(q, k, v, q.shape[1], k.shape[1])
-    if q.shape[0] == 0 or k.shape[0] == 0:
-        raise ValueError(
-            f"empty input: q has {q.shape[0]} tokens and k/v have {k.shape[0]}; both must be at least 1"
-        )
     _check_last_dim_contiguous(q=q, k=k, v=v)
     cu_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q)
     cu_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q)
@@ -295,8 +287,8 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
             f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1); "
             f"got {cu_q.shape[0]} and {cu_k.shape[0]}"
         )
-    max_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q)
-    max_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k)
+    max_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q, q.shape[0])
+    max_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k, k.shape[0])
     if cu_q.device.type == "cpu" and not torch.compiler.is_compiling():  # reading values breaks a graph
         _check_cu_values("cu_seqlens_q", cu_q, q.shape[0], "max_seqlen_q", max_q)
         _check_cu_values("cu_seqlens_k", cu_k, k.shape[0], "max_seqlen_k", max_k)
@@ -315,11 +307,11 @@ def _check_cu_seqlens(name: str, cu: object, q: torch.Tensor) -> torch.Tensor:
     return cu
 
 
-def _check_max_seqlen(name: str, value: object) -> int:
+def _check_max_seqlen(name: str, value: object, tokens: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be a Python int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
+    if value < 1 and (tokens > 0 or value < 0):  # 0 only where there are no tokens at all
+        raise ValueError(f"{name} must be at least 1 (the input has {tokens} tokens), got {value}")
     return value
 
 

@@ -12,6 +12,7 @@ the signature itself.
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any
 
 import torch
@@ -84,6 +85,25 @@ def _options(caller, kwargs, valid, explicit, grans=None, accums=None) -> dict:
 _DEFAULTS_CHECKED = _options("sageattn", {"attn_mask": None}, DENSE_OPTIONS, {})
 
 
+def _without_work(q, k, v, nhd: bool, return_lse: bool):
+    """The result of a call with nothing to compute (a batch, heads or a length of 0), as torch SDPA
+    gives it and without a kernel: an empty output, or zeros for queries that have no key, whose LSE is
+    -inf. q, k, v are HND views; the output is laid out for the caller's layout (``nhd``). Under
+    autograd the output comes from the attention math on the empty operands, so q, k and v get their
+    (zero) gradients."""
+    b, hq, nq, _ = q.shape
+    if autograd.needs_grad(q, k, v):
+        groups = hq // k.shape[1] if k.shape[1] else 1
+        k, v = (k, v) if groups == 1 else (k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1))
+        out = torch.matmul(torch.matmul(q, k.transpose(-2, -1)).softmax(-1), v)
+    elif nhd:
+        out = q.new_zeros((b, nq, hq, v.shape[-1])).transpose(1, 2)
+    else:
+        out = q.new_zeros((b, hq, nq, v.shape[-1]))
+    lse = q.new_full((b, hq, nq), -math.inf, dtype=torch.float32) if return_lse else None
+    return out, lse
+
+
 def call_key(q, k, v, tensor_layout, is_causal, sm_scale, return_lse):
     """The signature of a call without options, as dispatch.call_plan keys it: everything the checks,
     the choice of a backend and the packed kernel arguments depend on. None for inputs that are not plain
@@ -129,7 +149,9 @@ def _attention(caller, forced, q, k, v, tensor_layout, is_causal, sm_scale, retu
         _dispatch_head_dim(head_dim), mask is not None, False, return_lse, forced, caller,
     )  # fmt: skip
     backend = dispatch.BACKENDS[name]
-    if autograd.needs_grad(q, k, v, mask):  # training: the quantized forward, a recorded backward
+    if q.numel() == 0 or k.numel() == 0:  # no query or no key: nothing to launch, never a plan
+        out, lse = _without_work(q, k, v, layout == "NHD", return_lse)
+    elif autograd.needs_grad(q, k, v, mask):  # training: the quantized forward, a recorded backward
         out, lse = autograd.dense(
             name, q, k, v, mask, is_causal=is_causal, sm_scale=sm_scale, return_lse=return_lse,
             smooth_k=opts["smooth_k"], options=opts,
@@ -292,6 +314,9 @@ def sageattn_varlen(
     name = dispatch.select(
         q.device.type, q.device.index, q.dtype, _dispatch_head_dim(head_dim), False, True, False, None, caller
     )
+    if q.numel() == 0 or k.numel() == 0:  # no query or no key: [Tq, Hq, D] of zeros, without a launch
+        as_hnd = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+        return _without_work(*as_hnd, True, False)[0].squeeze(0).transpose(0, 1)
     if autograd.needs_grad(q, k, v):
         return autograd.varlen(
             name, q, k, v, cu_q, cu_k, max_q, max_k, is_causal=is_causal, sm_scale=sm_scale,

@@ -20,7 +20,7 @@ kernel. Two kinds of rules decide it:
   ``dropout_p > 0``, q/k/v that are not plain ``torch.Tensor`` (subclasses, nested tensors), head counts
   that differ without ``enable_gqa`` (SDPA refuses them), a mask together with ``is_causal`` (SDPA
   refuses it), a float mask of another dtype than q (SDPA refuses it), a float mask under autocast,
-  device types not in ``devices``, an empty dimension, and ``masks=False``.
+  device types not in ``devices``, and ``masks=False``.
 
 Training calls (q, k or v requiring grad) go to ``sageattn`` too: its backward gives dQ, dK and dV
 (docs/api.md, "Gradients"). Under autocast, float inputs go to sageattn in the autocast dtype, as SDPA
@@ -222,8 +222,6 @@ class SageSDPA:
             return f"dtype {dtype} (sageattn takes float16 or bfloat16)"
         if dropout_p:
             return "dropout_p > 0"
-        if any(min(t.shape, default=1) == 0 for t in qkv):
-            return "an empty dimension"
         if attn_mask is not None:
             if not self.masks:
                 return "attn_mask is given (masks=False)"

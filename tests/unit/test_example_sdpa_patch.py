@@ -79,7 +79,7 @@ def _unsupported_cases():
         "mask not broadcastable": ((q, k, v), {"attn_mask": mask[:, :8]}, "attn_mask of shape"),
         "strided last dim": ((qkv(d=16, n=32)[0].transpose(-1, -2), k, v), {}, "contiguous last dimension"),
         "negative scale": ((q, k, v), {"scale": -1.0}, "scale must be a positive finite number"),
-        "empty": (qkv(n=0), {}, "empty"),
+        "head dim 0": (qkv(d=0), {}, "head_dim (the last dimension of q) must be at least 1"),
         "tensor subclass": ((_subclass(q), k, v), {}, "subclass"),
     }
 

@@ -23,8 +23,8 @@ Properties and their bounds:
   a mask leaves without a key (those give 0, with an LSE of -inf).
 * ``sageattn`` on the CPU warns once that it falls back to SDPA, and agrees with ``attention_ref``;
   it returns q's dtype and shape, contiguous in the caller's layout, and the LSE when asked.
-* A bad argument (wrong ndim, int or float32 tensors, mixed dtypes, heads that do not divide, empty
-  sequences, a bad layout string, a strided last dim, bad masks, scales, flags, options) to any dense
+* A bad argument (wrong ndim, int or float32 tensors, mixed dtypes, heads that do not divide, a bad
+  layout string, a strided last dim, bad masks, scales, flags, options) to any dense
   entry point raises TypeError or ValueError whose message names the argument, never anything else.
 """
 
@@ -301,7 +301,7 @@ def bad_calls(draw):
     call: dict = {"tensor_layout": layout}
     name = draw(st.sampled_from(QKV))
     fault = draw(st.sampled_from([
-        "ndim", "int_dtype", "float_dtype", "mixed_dtypes", "not_tensor", "heads", "empty", "head_dim_zero",
+        "ndim", "int_dtype", "float_dtype", "mixed_dtypes", "not_tensor", "heads", "head_dim_zero",
         "layout", "strided_last_dim", "batch", "head_dim", "kv_shape", "mask_dtype", "mask_shape",
         "mask_not_tensor", "sm_scale_value", "sm_scale_type", "flag", "unknown_kwarg", "option",
     ]))  # fmt: skip
@@ -325,13 +325,6 @@ def bad_calls(draw):
     elif fault == "heads":
         shapes["k"][1] = shapes["v"][1] = hq + 1  # never divides hq
         pattern = rf"number of q heads \({hq}\) must be a multiple of the number of k/v heads \({hq + 1}\)"
-    elif fault == "empty":
-        which = draw(st.sampled_from(["q", "kv"]))
-        if which == "q":
-            shapes["q"][2] = 0
-        else:
-            shapes["k"][2] = shapes["v"][2] = 0
-        pattern = r"^empty sequence: q has \d+ tokens and k/v have \d+"
     elif fault == "head_dim_zero":
         for x in QKV:
             shapes[x][3] = 0
