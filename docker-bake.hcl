@@ -16,6 +16,11 @@ variable "MANYLINUX_IMAGE" {
   default = "quay.io/pypa/manylinux_2_28_x86_64@sha256:b74a5b6f1705ecff17be8bd792589bef9b3b039766d12205720ecd2a9e919192"
 }
 
+# The manylinux_2_28_aarch64 image the linux-aarch64 wheels are built in (platforms.linux-aarch64.manylinux_image).
+variable "MANYLINUX_IMAGE_LINUX_AARCH64" {
+  default = "quay.io/pypa/manylinux_2_28_aarch64@sha256:0333f44c4eb759ec8f47b27bc9dc27b1c929932a267cf13ce0cff1a4b758cccb"
+}
+
 # Required: the last commit's time (see above); the build stops without it.
 variable "SOURCE_DATE_EPOCH" {
   default = ""
@@ -40,6 +45,7 @@ variable "CUDA_IMAGE_DISTRO" {
 group "default" {
   targets = [
     "linux-sageattention-abi3-cu130-python312",
+    "linux-aarch64-sageattention-abi3-cu130-python312",
   ]
 }
 
@@ -124,6 +130,76 @@ group "linux" {
     "linux-sageattn3-pytorch29-cu130-python312",
     "linux-sageattn3-pytorch2141-cu128-python312",
     "linux-sageattn3-pytorch2141-cu130-python312",
+    "linux-sageattn3-abi3-cu128-python312",
+    "linux-sageattn3-abi3-cu130-python312",
+  ]
+}
+
+# Every linux-aarch64 wheel.
+group "linux-aarch64" {
+  targets = [
+    "linux-aarch64-sageattention-abi3-cu130-python312",
+    "linux-aarch64-sageattention-abi3-cu128-python312",
+    "linux-aarch64-sageattention-pytorch26-cu126-python312",
+    "linux-aarch64-sageattention-pytorch27-cu128-python312",
+    "linux-aarch64-sageattention-pytorch28-cu129-python312",
+    "linux-aarch64-sageattention-pytorch26-cu126-python39",
+    "linux-aarch64-sageattention-pytorch26-cu126-python310",
+    "linux-aarch64-sageattention-pytorch26-cu126-python311",
+    "linux-aarch64-sageattention-pytorch27-cu128-python310",
+    "linux-aarch64-sageattention-pytorch27-cu128-python311",
+    "linux-aarch64-sageattention-pytorch28-cu129-python310",
+    "linux-aarch64-sageattention-pytorch28-cu129-python311",
+    "linux-aarch64-sageattention-pytorch29-cu128-python312",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python312",
+    "linux-aarch64-sageattention-pytorch29-cu128-python310",
+    "linux-aarch64-sageattention-pytorch29-cu128-python311",
+    "linux-aarch64-sageattention-pytorch29-cu128-python313",
+    "linux-aarch64-sageattention-pytorch29-cu128-python314",
+    "linux-aarch64-sageattention-pytorch29-cu130-python310",
+    "linux-aarch64-sageattention-pytorch29-cu130-python311",
+    "linux-aarch64-sageattention-pytorch29-cu130-python312",
+    "linux-aarch64-sageattention-pytorch29-cu130-python313",
+    "linux-aarch64-sageattention-pytorch29-cu130-python314",
+    "linux-aarch64-sageattention-pytorch210-cu128-python310",
+    "linux-aarch64-sageattention-pytorch210-cu128-python311",
+    "linux-aarch64-sageattention-pytorch210-cu128-python312",
+    "linux-aarch64-sageattention-pytorch210-cu128-python313",
+    "linux-aarch64-sageattention-pytorch210-cu128-python314",
+    "linux-aarch64-sageattention-pytorch210-cu130-python310",
+    "linux-aarch64-sageattention-pytorch210-cu130-python311",
+    "linux-aarch64-sageattention-pytorch210-cu130-python312",
+    "linux-aarch64-sageattention-pytorch210-cu130-python313",
+    "linux-aarch64-sageattention-pytorch210-cu130-python314",
+    "linux-aarch64-sageattention-pytorch211-cu128-python310",
+    "linux-aarch64-sageattention-pytorch211-cu128-python311",
+    "linux-aarch64-sageattention-pytorch211-cu128-python312",
+    "linux-aarch64-sageattention-pytorch211-cu128-python313",
+    "linux-aarch64-sageattention-pytorch211-cu128-python314",
+    "linux-aarch64-sageattention-pytorch211-cu130-python310",
+    "linux-aarch64-sageattention-pytorch211-cu130-python311",
+    "linux-aarch64-sageattention-pytorch211-cu130-python312",
+    "linux-aarch64-sageattention-pytorch211-cu130-python313",
+    "linux-aarch64-sageattention-pytorch211-cu130-python314",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python310",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python311",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python312",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python313",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python314",
+    "linux-aarch64-sageattention-pytorch213-cu130-python310",
+    "linux-aarch64-sageattention-pytorch213-cu130-python311",
+    "linux-aarch64-sageattention-pytorch213-cu130-python312",
+    "linux-aarch64-sageattention-pytorch213-cu130-python313",
+    "linux-aarch64-sageattention-pytorch213-cu130-python314",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python310",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python311",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python313",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python314",
+    "linux-aarch64-sageattn3-pytorch29-cu128-python312",
+    "linux-aarch64-sageattn3-pytorch29-cu130-python312",
+    "linux-aarch64-sageattn3-pytorch2141-cu130-python312",
+    "linux-aarch64-sageattn3-abi3-cu130-python312",
+    "linux-aarch64-sageattn3-abi3-cu128-python312",
   ]
 }
 
@@ -131,6 +207,7 @@ group "linux" {
 group "all" {
   targets = [
     "linux",
+    "linux-aarch64",
   ]
 }
 
@@ -214,6 +291,70 @@ group "test-all" {
     "test-linux-sageattn3-pytorch29-cu130-python312",
     "test-linux-sageattn3-pytorch2141-cu128-python312",
     "test-linux-sageattn3-pytorch2141-cu130-python312",
+    "test-linux-sageattn3-abi3-cu128-python312",
+    "test-linux-sageattn3-abi3-cu130-python312",
+    "test-linux-aarch64-sageattention-abi3-cu130-python312",
+    "test-linux-aarch64-sageattention-abi3-cu128-python312",
+    "test-linux-aarch64-sageattention-pytorch26-cu126-python312",
+    "test-linux-aarch64-sageattention-pytorch27-cu128-python312",
+    "test-linux-aarch64-sageattention-pytorch28-cu129-python312",
+    "test-linux-aarch64-sageattention-pytorch26-cu126-python39",
+    "test-linux-aarch64-sageattention-pytorch26-cu126-python310",
+    "test-linux-aarch64-sageattention-pytorch26-cu126-python311",
+    "test-linux-aarch64-sageattention-pytorch27-cu128-python310",
+    "test-linux-aarch64-sageattention-pytorch27-cu128-python311",
+    "test-linux-aarch64-sageattention-pytorch28-cu129-python310",
+    "test-linux-aarch64-sageattention-pytorch28-cu129-python311",
+    "test-linux-aarch64-sageattention-pytorch29-cu128-python312",
+    "test-linux-aarch64-sageattention-pytorch2141-cu130-python312",
+    "test-linux-aarch64-sageattention-pytorch29-cu128-python310",
+    "test-linux-aarch64-sageattention-pytorch29-cu128-python311",
+    "test-linux-aarch64-sageattention-pytorch29-cu128-python313",
+    "test-linux-aarch64-sageattention-pytorch29-cu128-python314",
+    "test-linux-aarch64-sageattention-pytorch29-cu130-python310",
+    "test-linux-aarch64-sageattention-pytorch29-cu130-python311",
+    "test-linux-aarch64-sageattention-pytorch29-cu130-python312",
+    "test-linux-aarch64-sageattention-pytorch29-cu130-python313",
+    "test-linux-aarch64-sageattention-pytorch29-cu130-python314",
+    "test-linux-aarch64-sageattention-pytorch210-cu128-python310",
+    "test-linux-aarch64-sageattention-pytorch210-cu128-python311",
+    "test-linux-aarch64-sageattention-pytorch210-cu128-python312",
+    "test-linux-aarch64-sageattention-pytorch210-cu128-python313",
+    "test-linux-aarch64-sageattention-pytorch210-cu128-python314",
+    "test-linux-aarch64-sageattention-pytorch210-cu130-python310",
+    "test-linux-aarch64-sageattention-pytorch210-cu130-python311",
+    "test-linux-aarch64-sageattention-pytorch210-cu130-python312",
+    "test-linux-aarch64-sageattention-pytorch210-cu130-python313",
+    "test-linux-aarch64-sageattention-pytorch210-cu130-python314",
+    "test-linux-aarch64-sageattention-pytorch211-cu128-python310",
+    "test-linux-aarch64-sageattention-pytorch211-cu128-python311",
+    "test-linux-aarch64-sageattention-pytorch211-cu128-python312",
+    "test-linux-aarch64-sageattention-pytorch211-cu128-python313",
+    "test-linux-aarch64-sageattention-pytorch211-cu128-python314",
+    "test-linux-aarch64-sageattention-pytorch211-cu130-python310",
+    "test-linux-aarch64-sageattention-pytorch211-cu130-python311",
+    "test-linux-aarch64-sageattention-pytorch211-cu130-python312",
+    "test-linux-aarch64-sageattention-pytorch211-cu130-python313",
+    "test-linux-aarch64-sageattention-pytorch211-cu130-python314",
+    "test-linux-aarch64-sageattention-pytorch2121-cu130-python310",
+    "test-linux-aarch64-sageattention-pytorch2121-cu130-python311",
+    "test-linux-aarch64-sageattention-pytorch2121-cu130-python312",
+    "test-linux-aarch64-sageattention-pytorch2121-cu130-python313",
+    "test-linux-aarch64-sageattention-pytorch2121-cu130-python314",
+    "test-linux-aarch64-sageattention-pytorch213-cu130-python310",
+    "test-linux-aarch64-sageattention-pytorch213-cu130-python311",
+    "test-linux-aarch64-sageattention-pytorch213-cu130-python312",
+    "test-linux-aarch64-sageattention-pytorch213-cu130-python313",
+    "test-linux-aarch64-sageattention-pytorch213-cu130-python314",
+    "test-linux-aarch64-sageattention-pytorch2141-cu130-python310",
+    "test-linux-aarch64-sageattention-pytorch2141-cu130-python311",
+    "test-linux-aarch64-sageattention-pytorch2141-cu130-python313",
+    "test-linux-aarch64-sageattention-pytorch2141-cu130-python314",
+    "test-linux-aarch64-sageattn3-pytorch29-cu128-python312",
+    "test-linux-aarch64-sageattn3-pytorch29-cu130-python312",
+    "test-linux-aarch64-sageattn3-pytorch2141-cu130-python312",
+    "test-linux-aarch64-sageattn3-abi3-cu130-python312",
+    "test-linux-aarch64-sageattn3-abi3-cu128-python312",
   ]
 }
 
@@ -293,6 +434,63 @@ group "sageattention" {
     "linux-sageattention-pytorch2141-cu130-python313",
     "linux-sageattention-pytorch2141-cu130-python314",
     "linux-sageattention-abi3-cu130-python311-sm90a",
+    "linux-aarch64-sageattention-abi3-cu130-python312",
+    "linux-aarch64-sageattention-abi3-cu128-python312",
+    "linux-aarch64-sageattention-pytorch26-cu126-python312",
+    "linux-aarch64-sageattention-pytorch27-cu128-python312",
+    "linux-aarch64-sageattention-pytorch28-cu129-python312",
+    "linux-aarch64-sageattention-pytorch26-cu126-python39",
+    "linux-aarch64-sageattention-pytorch26-cu126-python310",
+    "linux-aarch64-sageattention-pytorch26-cu126-python311",
+    "linux-aarch64-sageattention-pytorch27-cu128-python310",
+    "linux-aarch64-sageattention-pytorch27-cu128-python311",
+    "linux-aarch64-sageattention-pytorch28-cu129-python310",
+    "linux-aarch64-sageattention-pytorch28-cu129-python311",
+    "linux-aarch64-sageattention-pytorch29-cu128-python312",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python312",
+    "linux-aarch64-sageattention-pytorch29-cu128-python310",
+    "linux-aarch64-sageattention-pytorch29-cu128-python311",
+    "linux-aarch64-sageattention-pytorch29-cu128-python313",
+    "linux-aarch64-sageattention-pytorch29-cu128-python314",
+    "linux-aarch64-sageattention-pytorch29-cu130-python310",
+    "linux-aarch64-sageattention-pytorch29-cu130-python311",
+    "linux-aarch64-sageattention-pytorch29-cu130-python312",
+    "linux-aarch64-sageattention-pytorch29-cu130-python313",
+    "linux-aarch64-sageattention-pytorch29-cu130-python314",
+    "linux-aarch64-sageattention-pytorch210-cu128-python310",
+    "linux-aarch64-sageattention-pytorch210-cu128-python311",
+    "linux-aarch64-sageattention-pytorch210-cu128-python312",
+    "linux-aarch64-sageattention-pytorch210-cu128-python313",
+    "linux-aarch64-sageattention-pytorch210-cu128-python314",
+    "linux-aarch64-sageattention-pytorch210-cu130-python310",
+    "linux-aarch64-sageattention-pytorch210-cu130-python311",
+    "linux-aarch64-sageattention-pytorch210-cu130-python312",
+    "linux-aarch64-sageattention-pytorch210-cu130-python313",
+    "linux-aarch64-sageattention-pytorch210-cu130-python314",
+    "linux-aarch64-sageattention-pytorch211-cu128-python310",
+    "linux-aarch64-sageattention-pytorch211-cu128-python311",
+    "linux-aarch64-sageattention-pytorch211-cu128-python312",
+    "linux-aarch64-sageattention-pytorch211-cu128-python313",
+    "linux-aarch64-sageattention-pytorch211-cu128-python314",
+    "linux-aarch64-sageattention-pytorch211-cu130-python310",
+    "linux-aarch64-sageattention-pytorch211-cu130-python311",
+    "linux-aarch64-sageattention-pytorch211-cu130-python312",
+    "linux-aarch64-sageattention-pytorch211-cu130-python313",
+    "linux-aarch64-sageattention-pytorch211-cu130-python314",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python310",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python311",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python312",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python313",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python314",
+    "linux-aarch64-sageattention-pytorch213-cu130-python310",
+    "linux-aarch64-sageattention-pytorch213-cu130-python311",
+    "linux-aarch64-sageattention-pytorch213-cu130-python312",
+    "linux-aarch64-sageattention-pytorch213-cu130-python313",
+    "linux-aarch64-sageattention-pytorch213-cu130-python314",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python310",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python311",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python313",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python314",
   ]
 }
 
@@ -302,6 +500,13 @@ group "sageattn3" {
     "linux-sageattn3-pytorch29-cu130-python312",
     "linux-sageattn3-pytorch2141-cu128-python312",
     "linux-sageattn3-pytorch2141-cu130-python312",
+    "linux-sageattn3-abi3-cu128-python312",
+    "linux-sageattn3-abi3-cu130-python312",
+    "linux-aarch64-sageattn3-pytorch29-cu128-python312",
+    "linux-aarch64-sageattn3-pytorch29-cu130-python312",
+    "linux-aarch64-sageattn3-pytorch2141-cu130-python312",
+    "linux-aarch64-sageattn3-abi3-cu130-python312",
+    "linux-aarch64-sageattn3-abi3-cu128-python312",
   ]
 }
 
@@ -311,6 +516,10 @@ group "pytorch26" {
     "linux-sageattention-pytorch26-cu126-python39",
     "linux-sageattention-pytorch26-cu126-python310",
     "linux-sageattention-pytorch26-cu126-python311",
+    "linux-aarch64-sageattention-pytorch26-cu126-python312",
+    "linux-aarch64-sageattention-pytorch26-cu126-python39",
+    "linux-aarch64-sageattention-pytorch26-cu126-python310",
+    "linux-aarch64-sageattention-pytorch26-cu126-python311",
   ]
 }
 
@@ -319,6 +528,9 @@ group "pytorch27" {
     "linux-sageattention-pytorch27-cu128-python312",
     "linux-sageattention-pytorch27-cu128-python310",
     "linux-sageattention-pytorch27-cu128-python311",
+    "linux-aarch64-sageattention-pytorch27-cu128-python312",
+    "linux-aarch64-sageattention-pytorch27-cu128-python310",
+    "linux-aarch64-sageattention-pytorch27-cu128-python311",
   ]
 }
 
@@ -328,6 +540,9 @@ group "pytorch28" {
     "linux-sageattention-pytorch28-cu129-python310",
     "linux-sageattention-pytorch28-cu129-python311",
     "linux-sageattention-pytorch28-cu128-python312",
+    "linux-aarch64-sageattention-pytorch28-cu129-python312",
+    "linux-aarch64-sageattention-pytorch28-cu129-python310",
+    "linux-aarch64-sageattention-pytorch28-cu129-python311",
   ]
 }
 
@@ -345,6 +560,18 @@ group "pytorch29" {
     "linux-sageattention-pytorch29-cu130-python314",
     "linux-sageattn3-pytorch29-cu128-python312",
     "linux-sageattn3-pytorch29-cu130-python312",
+    "linux-aarch64-sageattention-pytorch29-cu128-python312",
+    "linux-aarch64-sageattention-pytorch29-cu128-python310",
+    "linux-aarch64-sageattention-pytorch29-cu128-python311",
+    "linux-aarch64-sageattention-pytorch29-cu128-python313",
+    "linux-aarch64-sageattention-pytorch29-cu128-python314",
+    "linux-aarch64-sageattention-pytorch29-cu130-python310",
+    "linux-aarch64-sageattention-pytorch29-cu130-python311",
+    "linux-aarch64-sageattention-pytorch29-cu130-python312",
+    "linux-aarch64-sageattention-pytorch29-cu130-python313",
+    "linux-aarch64-sageattention-pytorch29-cu130-python314",
+    "linux-aarch64-sageattn3-pytorch29-cu128-python312",
+    "linux-aarch64-sageattn3-pytorch29-cu130-python312",
   ]
 }
 
@@ -360,6 +587,16 @@ group "pytorch210" {
     "linux-sageattention-pytorch210-cu130-python312",
     "linux-sageattention-pytorch210-cu130-python313",
     "linux-sageattention-pytorch210-cu130-python314",
+    "linux-aarch64-sageattention-pytorch210-cu128-python310",
+    "linux-aarch64-sageattention-pytorch210-cu128-python311",
+    "linux-aarch64-sageattention-pytorch210-cu128-python312",
+    "linux-aarch64-sageattention-pytorch210-cu128-python313",
+    "linux-aarch64-sageattention-pytorch210-cu128-python314",
+    "linux-aarch64-sageattention-pytorch210-cu130-python310",
+    "linux-aarch64-sageattention-pytorch210-cu130-python311",
+    "linux-aarch64-sageattention-pytorch210-cu130-python312",
+    "linux-aarch64-sageattention-pytorch210-cu130-python313",
+    "linux-aarch64-sageattention-pytorch210-cu130-python314",
   ]
 }
 
@@ -375,6 +612,18 @@ group "pytorch211" {
     "linux-sageattention-pytorch211-cu130-python312",
     "linux-sageattention-pytorch211-cu130-python313",
     "linux-sageattention-pytorch211-cu130-python314",
+    "linux-aarch64-sageattention-abi3-cu128-python312",
+    "linux-aarch64-sageattention-pytorch211-cu128-python310",
+    "linux-aarch64-sageattention-pytorch211-cu128-python311",
+    "linux-aarch64-sageattention-pytorch211-cu128-python312",
+    "linux-aarch64-sageattention-pytorch211-cu128-python313",
+    "linux-aarch64-sageattention-pytorch211-cu128-python314",
+    "linux-aarch64-sageattention-pytorch211-cu130-python310",
+    "linux-aarch64-sageattention-pytorch211-cu130-python311",
+    "linux-aarch64-sageattention-pytorch211-cu130-python312",
+    "linux-aarch64-sageattention-pytorch211-cu130-python313",
+    "linux-aarch64-sageattention-pytorch211-cu130-python314",
+    "linux-aarch64-sageattn3-abi3-cu128-python312",
   ]
 }
 
@@ -390,6 +639,11 @@ group "pytorch212" {
     "linux-sageattention-pytorch2121-cu130-python312",
     "linux-sageattention-pytorch2121-cu130-python313",
     "linux-sageattention-pytorch2121-cu130-python314",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python310",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python311",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python312",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python313",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python314",
   ]
 }
 
@@ -405,6 +659,11 @@ group "pytorch213" {
     "linux-sageattention-pytorch213-cu130-python312",
     "linux-sageattention-pytorch213-cu130-python313",
     "linux-sageattention-pytorch213-cu130-python314",
+    "linux-aarch64-sageattention-pytorch213-cu130-python310",
+    "linux-aarch64-sageattention-pytorch213-cu130-python311",
+    "linux-aarch64-sageattention-pytorch213-cu130-python312",
+    "linux-aarch64-sageattention-pytorch213-cu130-python313",
+    "linux-aarch64-sageattention-pytorch213-cu130-python314",
   ]
 }
 
@@ -425,12 +684,23 @@ group "pytorch214" {
     "linux-sageattention-abi3-cu130-python311-sm90a",
     "linux-sageattn3-pytorch2141-cu128-python312",
     "linux-sageattn3-pytorch2141-cu130-python312",
+    "linux-sageattn3-abi3-cu128-python312",
+    "linux-sageattn3-abi3-cu130-python312",
+    "linux-aarch64-sageattention-abi3-cu130-python312",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python312",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python310",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python311",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python313",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python314",
+    "linux-aarch64-sageattn3-pytorch2141-cu130-python312",
+    "linux-aarch64-sageattn3-abi3-cu130-python312",
   ]
 }
 
 group "profile-default" {
   targets = [
     "linux-sageattention-abi3-cu130-python312",
+    "linux-aarch64-sageattention-abi3-cu130-python312",
   ]
 }
 
@@ -438,6 +708,8 @@ group "profile-abi3-release" {
   targets = [
     "linux-sageattention-abi3-cu128-python312",
     "linux-sageattention-abi3-cu130-python312",
+    "linux-aarch64-sageattention-abi3-cu130-python312",
+    "linux-aarch64-sageattention-abi3-cu128-python312",
   ]
 }
 
@@ -446,6 +718,9 @@ group "profile-stable" {
     "linux-sageattention-pytorch26-cu126-python312",
     "linux-sageattention-pytorch27-cu128-python312",
     "linux-sageattention-pytorch28-cu129-python312",
+    "linux-aarch64-sageattention-pytorch26-cu126-python312",
+    "linux-aarch64-sageattention-pytorch27-cu128-python312",
+    "linux-aarch64-sageattention-pytorch28-cu129-python312",
   ]
 }
 
@@ -455,6 +730,10 @@ group "profile-pytorch26" {
     "linux-sageattention-pytorch26-cu126-python310",
     "linux-sageattention-pytorch26-cu126-python311",
     "linux-sageattention-pytorch26-cu126-python312",
+    "linux-aarch64-sageattention-pytorch26-cu126-python39",
+    "linux-aarch64-sageattention-pytorch26-cu126-python310",
+    "linux-aarch64-sageattention-pytorch26-cu126-python311",
+    "linux-aarch64-sageattention-pytorch26-cu126-python312",
   ]
 }
 
@@ -463,6 +742,9 @@ group "profile-pytorch27" {
     "linux-sageattention-pytorch27-cu128-python310",
     "linux-sageattention-pytorch27-cu128-python311",
     "linux-sageattention-pytorch27-cu128-python312",
+    "linux-aarch64-sageattention-pytorch27-cu128-python310",
+    "linux-aarch64-sageattention-pytorch27-cu128-python311",
+    "linux-aarch64-sageattention-pytorch27-cu128-python312",
   ]
 }
 
@@ -471,6 +753,9 @@ group "profile-pytorch28" {
     "linux-sageattention-pytorch28-cu129-python310",
     "linux-sageattention-pytorch28-cu129-python311",
     "linux-sageattention-pytorch28-cu129-python312",
+    "linux-aarch64-sageattention-pytorch28-cu129-python310",
+    "linux-aarch64-sageattention-pytorch28-cu129-python311",
+    "linux-aarch64-sageattention-pytorch28-cu129-python312",
   ]
 }
 
@@ -479,6 +764,9 @@ group "profile-python310" {
     "linux-sageattention-pytorch26-cu126-python310",
     "linux-sageattention-pytorch27-cu128-python310",
     "linux-sageattention-pytorch28-cu129-python310",
+    "linux-aarch64-sageattention-pytorch26-cu126-python310",
+    "linux-aarch64-sageattention-pytorch27-cu128-python310",
+    "linux-aarch64-sageattention-pytorch28-cu129-python310",
   ]
 }
 
@@ -487,6 +775,9 @@ group "profile-python311" {
     "linux-sageattention-pytorch26-cu126-python311",
     "linux-sageattention-pytorch27-cu128-python311",
     "linux-sageattention-pytorch28-cu129-python311",
+    "linux-aarch64-sageattention-pytorch26-cu126-python311",
+    "linux-aarch64-sageattention-pytorch27-cu128-python311",
+    "linux-aarch64-sageattention-pytorch28-cu129-python311",
   ]
 }
 
@@ -495,6 +786,9 @@ group "profile-python312" {
     "linux-sageattention-pytorch26-cu126-python312",
     "linux-sageattention-pytorch27-cu128-python312",
     "linux-sageattention-pytorch28-cu129-python312",
+    "linux-aarch64-sageattention-pytorch26-cu126-python312",
+    "linux-aarch64-sageattention-pytorch27-cu128-python312",
+    "linux-aarch64-sageattention-pytorch28-cu129-python312",
   ]
 }
 
@@ -510,6 +804,16 @@ group "profile-sage2-all" {
     "linux-sageattention-pytorch28-cu129-python310",
     "linux-sageattention-pytorch28-cu129-python311",
     "linux-sageattention-pytorch28-cu129-python312",
+    "linux-aarch64-sageattention-pytorch26-cu126-python39",
+    "linux-aarch64-sageattention-pytorch26-cu126-python310",
+    "linux-aarch64-sageattention-pytorch26-cu126-python311",
+    "linux-aarch64-sageattention-pytorch26-cu126-python312",
+    "linux-aarch64-sageattention-pytorch27-cu128-python310",
+    "linux-aarch64-sageattention-pytorch27-cu128-python311",
+    "linux-aarch64-sageattention-pytorch27-cu128-python312",
+    "linux-aarch64-sageattention-pytorch28-cu129-python310",
+    "linux-aarch64-sageattention-pytorch28-cu129-python311",
+    "linux-aarch64-sageattention-pytorch28-cu129-python312",
   ]
 }
 
@@ -518,12 +822,15 @@ group "profile-release-cu128" {
     "linux-sageattention-pytorch27-cu128-python312",
     "linux-sageattention-pytorch28-cu128-python312",
     "linux-sageattention-pytorch29-cu128-python312",
+    "linux-aarch64-sageattention-pytorch27-cu128-python312",
+    "linux-aarch64-sageattention-pytorch29-cu128-python312",
   ]
 }
 
 group "profile-latest" {
   targets = [
     "linux-sageattention-pytorch2141-cu130-python312",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python312",
   ]
 }
 
@@ -539,6 +846,16 @@ group "profile-pytorch29" {
     "linux-sageattention-pytorch29-cu130-python312",
     "linux-sageattention-pytorch29-cu130-python313",
     "linux-sageattention-pytorch29-cu130-python314",
+    "linux-aarch64-sageattention-pytorch29-cu128-python310",
+    "linux-aarch64-sageattention-pytorch29-cu128-python311",
+    "linux-aarch64-sageattention-pytorch29-cu128-python312",
+    "linux-aarch64-sageattention-pytorch29-cu128-python313",
+    "linux-aarch64-sageattention-pytorch29-cu128-python314",
+    "linux-aarch64-sageattention-pytorch29-cu130-python310",
+    "linux-aarch64-sageattention-pytorch29-cu130-python311",
+    "linux-aarch64-sageattention-pytorch29-cu130-python312",
+    "linux-aarch64-sageattention-pytorch29-cu130-python313",
+    "linux-aarch64-sageattention-pytorch29-cu130-python314",
   ]
 }
 
@@ -554,6 +871,16 @@ group "profile-pytorch210" {
     "linux-sageattention-pytorch210-cu130-python312",
     "linux-sageattention-pytorch210-cu130-python313",
     "linux-sageattention-pytorch210-cu130-python314",
+    "linux-aarch64-sageattention-pytorch210-cu128-python310",
+    "linux-aarch64-sageattention-pytorch210-cu128-python311",
+    "linux-aarch64-sageattention-pytorch210-cu128-python312",
+    "linux-aarch64-sageattention-pytorch210-cu128-python313",
+    "linux-aarch64-sageattention-pytorch210-cu128-python314",
+    "linux-aarch64-sageattention-pytorch210-cu130-python310",
+    "linux-aarch64-sageattention-pytorch210-cu130-python311",
+    "linux-aarch64-sageattention-pytorch210-cu130-python312",
+    "linux-aarch64-sageattention-pytorch210-cu130-python313",
+    "linux-aarch64-sageattention-pytorch210-cu130-python314",
   ]
 }
 
@@ -569,6 +896,16 @@ group "profile-pytorch211" {
     "linux-sageattention-pytorch211-cu130-python312",
     "linux-sageattention-pytorch211-cu130-python313",
     "linux-sageattention-pytorch211-cu130-python314",
+    "linux-aarch64-sageattention-pytorch211-cu128-python310",
+    "linux-aarch64-sageattention-pytorch211-cu128-python311",
+    "linux-aarch64-sageattention-pytorch211-cu128-python312",
+    "linux-aarch64-sageattention-pytorch211-cu128-python313",
+    "linux-aarch64-sageattention-pytorch211-cu128-python314",
+    "linux-aarch64-sageattention-pytorch211-cu130-python310",
+    "linux-aarch64-sageattention-pytorch211-cu130-python311",
+    "linux-aarch64-sageattention-pytorch211-cu130-python312",
+    "linux-aarch64-sageattention-pytorch211-cu130-python313",
+    "linux-aarch64-sageattention-pytorch211-cu130-python314",
   ]
 }
 
@@ -584,6 +921,11 @@ group "profile-pytorch212" {
     "linux-sageattention-pytorch2121-cu130-python312",
     "linux-sageattention-pytorch2121-cu130-python313",
     "linux-sageattention-pytorch2121-cu130-python314",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python310",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python311",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python312",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python313",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python314",
   ]
 }
 
@@ -599,6 +941,11 @@ group "profile-pytorch213" {
     "linux-sageattention-pytorch213-cu130-python312",
     "linux-sageattention-pytorch213-cu130-python313",
     "linux-sageattention-pytorch213-cu130-python314",
+    "linux-aarch64-sageattention-pytorch213-cu130-python310",
+    "linux-aarch64-sageattention-pytorch213-cu130-python311",
+    "linux-aarch64-sageattention-pytorch213-cu130-python312",
+    "linux-aarch64-sageattention-pytorch213-cu130-python313",
+    "linux-aarch64-sageattention-pytorch213-cu130-python314",
   ]
 }
 
@@ -614,6 +961,11 @@ group "profile-pytorch214" {
     "linux-sageattention-pytorch2141-cu130-python312",
     "linux-sageattention-pytorch2141-cu130-python313",
     "linux-sageattention-pytorch2141-cu130-python314",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python310",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python311",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python312",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python313",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python314",
   ]
 }
 
@@ -679,6 +1031,51 @@ group "profile-sage2-current" {
     "linux-sageattention-pytorch2141-cu130-python312",
     "linux-sageattention-pytorch2141-cu130-python313",
     "linux-sageattention-pytorch2141-cu130-python314",
+    "linux-aarch64-sageattention-pytorch29-cu128-python310",
+    "linux-aarch64-sageattention-pytorch29-cu128-python311",
+    "linux-aarch64-sageattention-pytorch29-cu128-python312",
+    "linux-aarch64-sageattention-pytorch29-cu128-python313",
+    "linux-aarch64-sageattention-pytorch29-cu128-python314",
+    "linux-aarch64-sageattention-pytorch29-cu130-python310",
+    "linux-aarch64-sageattention-pytorch29-cu130-python311",
+    "linux-aarch64-sageattention-pytorch29-cu130-python312",
+    "linux-aarch64-sageattention-pytorch29-cu130-python313",
+    "linux-aarch64-sageattention-pytorch29-cu130-python314",
+    "linux-aarch64-sageattention-pytorch210-cu128-python310",
+    "linux-aarch64-sageattention-pytorch210-cu128-python311",
+    "linux-aarch64-sageattention-pytorch210-cu128-python312",
+    "linux-aarch64-sageattention-pytorch210-cu128-python313",
+    "linux-aarch64-sageattention-pytorch210-cu128-python314",
+    "linux-aarch64-sageattention-pytorch210-cu130-python310",
+    "linux-aarch64-sageattention-pytorch210-cu130-python311",
+    "linux-aarch64-sageattention-pytorch210-cu130-python312",
+    "linux-aarch64-sageattention-pytorch210-cu130-python313",
+    "linux-aarch64-sageattention-pytorch210-cu130-python314",
+    "linux-aarch64-sageattention-pytorch211-cu128-python310",
+    "linux-aarch64-sageattention-pytorch211-cu128-python311",
+    "linux-aarch64-sageattention-pytorch211-cu128-python312",
+    "linux-aarch64-sageattention-pytorch211-cu128-python313",
+    "linux-aarch64-sageattention-pytorch211-cu128-python314",
+    "linux-aarch64-sageattention-pytorch211-cu130-python310",
+    "linux-aarch64-sageattention-pytorch211-cu130-python311",
+    "linux-aarch64-sageattention-pytorch211-cu130-python312",
+    "linux-aarch64-sageattention-pytorch211-cu130-python313",
+    "linux-aarch64-sageattention-pytorch211-cu130-python314",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python310",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python311",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python312",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python313",
+    "linux-aarch64-sageattention-pytorch2121-cu130-python314",
+    "linux-aarch64-sageattention-pytorch213-cu130-python310",
+    "linux-aarch64-sageattention-pytorch213-cu130-python311",
+    "linux-aarch64-sageattention-pytorch213-cu130-python312",
+    "linux-aarch64-sageattention-pytorch213-cu130-python313",
+    "linux-aarch64-sageattention-pytorch213-cu130-python314",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python310",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python311",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python312",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python313",
+    "linux-aarch64-sageattention-pytorch2141-cu130-python314",
   ]
 }
 
@@ -694,6 +1091,18 @@ group "profile-sage3-all" {
     "linux-sageattn3-pytorch29-cu130-python312",
     "linux-sageattn3-pytorch2141-cu128-python312",
     "linux-sageattn3-pytorch2141-cu130-python312",
+    "linux-aarch64-sageattn3-pytorch29-cu128-python312",
+    "linux-aarch64-sageattn3-pytorch29-cu130-python312",
+    "linux-aarch64-sageattn3-pytorch2141-cu130-python312",
+  ]
+}
+
+group "profile-sage3-abi3" {
+  targets = [
+    "linux-sageattn3-abi3-cu128-python312",
+    "linux-sageattn3-abi3-cu130-python312",
+    "linux-aarch64-sageattn3-abi3-cu130-python312",
+    "linux-aarch64-sageattn3-abi3-cu128-python312",
   ]
 }
 
@@ -713,6 +1122,15 @@ target "_linux" {
   platforms = ["linux/amd64"]
   args      = {
     MANYLINUX_IMAGE = MANYLINUX_IMAGE
+  }
+}
+
+# The linux-aarch64 wheels: linux/arm64, in its manylinux image.
+target "_linux-aarch64" {
+  inherits  = ["_builder"]
+  platforms = ["linux/arm64"]
+  args      = {
+    MANYLINUX_IMAGE = MANYLINUX_IMAGE_LINUX_AARCH64
   }
 }
 
@@ -777,6 +1195,38 @@ target "toolchain-cu130" {
   inherits = ["_linux", "_cu130"]
   target   = "toolchain"
   tags     = ["sagebuild-toolchain:cu130"]
+  output   = ["type=docker"]
+}
+
+# The linux-aarch64 build image alone (manylinux + CUDA 12.6), e.g. for cibuildwheel.
+target "toolchain-linux-aarch64-cu126" {
+  inherits = ["_linux-aarch64", "_cu126"]
+  target   = "toolchain"
+  tags     = ["sagebuild-toolchain:linux-aarch64-cu126"]
+  output   = ["type=docker"]
+}
+
+# The linux-aarch64 build image alone (manylinux + CUDA 12.8), e.g. for cibuildwheel.
+target "toolchain-linux-aarch64-cu128" {
+  inherits = ["_linux-aarch64", "_cu128"]
+  target   = "toolchain"
+  tags     = ["sagebuild-toolchain:linux-aarch64-cu128"]
+  output   = ["type=docker"]
+}
+
+# The linux-aarch64 build image alone (manylinux + CUDA 12.9), e.g. for cibuildwheel.
+target "toolchain-linux-aarch64-cu129" {
+  inherits = ["_linux-aarch64", "_cu129"]
+  target   = "toolchain"
+  tags     = ["sagebuild-toolchain:linux-aarch64-cu129"]
+  output   = ["type=docker"]
+}
+
+# The linux-aarch64 build image alone (manylinux + CUDA 13.0), e.g. for cibuildwheel.
+target "toolchain-linux-aarch64-cu130" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "toolchain"
+  tags     = ["sagebuild-toolchain:linux-aarch64-cu130"]
   output   = ["type=docker"]
 }
 
@@ -2102,6 +2552,1094 @@ target "linux-sageattn3-pytorch2141-cu130-python312" {
 
 target "test-linux-sageattn3-pytorch2141-cu130-python312" {
   inherits = ["linux-sageattn3-pytorch2141-cu130-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattn3-1.0.0+cu12-cp310-abi3-linux_x86_64.whl: torch 2.14.1, CUDA 12.8, Python 3.12, archs 10.0a;12.0a
+target "linux-sageattn3-abi3-cu128-python312" {
+  inherits = ["_linux", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-sageattn3-abi3-cu128-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-sageattn3-abi3-cu128-python312" {
+  inherits = ["linux-sageattn3-abi3-cu128-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattn3-1.0.0-cp310-abi3-linux_x86_64.whl: torch 2.14.1, CUDA 13.0, Python 3.12, archs 10.0a;12.0a
+target "linux-sageattn3-abi3-cu130-python312" {
+  inherits = ["_linux", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-sageattn3-abi3-cu130-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-sageattn3-abi3-cu130-python312" {
+  inherits = ["linux-sageattn3-abi3-cu130-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-cp310-abi3-linux_aarch64.whl: torch 2.14.1, CUDA 13.0, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-abi3-cu130-python312" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-abi3-cu130-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-abi3-cu130-python312" {
+  inherits = ["linux-aarch64-sageattention-abi3-cu130-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0+cu12-cp310-abi3-linux_aarch64.whl: torch 2.11.0, CUDA 12.8, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-abi3-cu128-python312" {
+  inherits = ["_linux-aarch64", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-abi3-cu128-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-abi3-cu128-python312" {
+  inherits = ["linux-aarch64-sageattention-abi3-cu128-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-260.126-cp312-cp312-linux_aarch64.whl: torch 2.6.0, CUDA 12.6, Python 3.12, archs 8.0;8.6;8.9;9.0a
+target "linux-aarch64-sageattention-pytorch26-cu126-python312" {
+  inherits = ["_linux-aarch64", "_cu126"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch26-cu126-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch26-cu126-python312" {
+  inherits = ["linux-aarch64-sageattention-pytorch26-cu126-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-270.128-cp312-cp312-linux_aarch64.whl: torch 2.7.0, CUDA 12.8, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch27-cu128-python312" {
+  inherits = ["_linux-aarch64", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch27-cu128-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch27-cu128-python312" {
+  inherits = ["linux-aarch64-sageattention-pytorch27-cu128-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-280.129-cp312-cp312-linux_aarch64.whl: torch 2.8.0, CUDA 12.9, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch28-cu129-python312" {
+  inherits = ["_linux-aarch64", "_cu129"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch28-cu129-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch28-cu129-python312" {
+  inherits = ["linux-aarch64-sageattention-pytorch28-cu129-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-260.126-cp39-cp39-linux_aarch64.whl: torch 2.6.0, CUDA 12.6, Python 3.9, archs 8.0;8.6;8.9;9.0a
+target "linux-aarch64-sageattention-pytorch26-cu126-python39" {
+  inherits = ["_linux-aarch64", "_cu126"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch26-cu126-python39"
+    PYTHON_ABI = "cp39-cp39"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch26-cu126-python39" {
+  inherits = ["linux-aarch64-sageattention-pytorch26-cu126-python39"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-260.126-cp310-cp310-linux_aarch64.whl: torch 2.6.0, CUDA 12.6, Python 3.10, archs 8.0;8.6;8.9;9.0a
+target "linux-aarch64-sageattention-pytorch26-cu126-python310" {
+  inherits = ["_linux-aarch64", "_cu126"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch26-cu126-python310"
+    PYTHON_ABI = "cp310-cp310"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch26-cu126-python310" {
+  inherits = ["linux-aarch64-sageattention-pytorch26-cu126-python310"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-260.126-cp311-cp311-linux_aarch64.whl: torch 2.6.0, CUDA 12.6, Python 3.11, archs 8.0;8.6;8.9;9.0a
+target "linux-aarch64-sageattention-pytorch26-cu126-python311" {
+  inherits = ["_linux-aarch64", "_cu126"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch26-cu126-python311"
+    PYTHON_ABI = "cp311-cp311"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch26-cu126-python311" {
+  inherits = ["linux-aarch64-sageattention-pytorch26-cu126-python311"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-270.128-cp310-cp310-linux_aarch64.whl: torch 2.7.0, CUDA 12.8, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch27-cu128-python310" {
+  inherits = ["_linux-aarch64", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch27-cu128-python310"
+    PYTHON_ABI = "cp310-cp310"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch27-cu128-python310" {
+  inherits = ["linux-aarch64-sageattention-pytorch27-cu128-python310"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-270.128-cp311-cp311-linux_aarch64.whl: torch 2.7.0, CUDA 12.8, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch27-cu128-python311" {
+  inherits = ["_linux-aarch64", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch27-cu128-python311"
+    PYTHON_ABI = "cp311-cp311"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch27-cu128-python311" {
+  inherits = ["linux-aarch64-sageattention-pytorch27-cu128-python311"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-280.129-cp310-cp310-linux_aarch64.whl: torch 2.8.0, CUDA 12.9, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch28-cu129-python310" {
+  inherits = ["_linux-aarch64", "_cu129"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch28-cu129-python310"
+    PYTHON_ABI = "cp310-cp310"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch28-cu129-python310" {
+  inherits = ["linux-aarch64-sageattention-pytorch28-cu129-python310"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-280.129-cp311-cp311-linux_aarch64.whl: torch 2.8.0, CUDA 12.9, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch28-cu129-python311" {
+  inherits = ["_linux-aarch64", "_cu129"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch28-cu129-python311"
+    PYTHON_ABI = "cp311-cp311"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch28-cu129-python311" {
+  inherits = ["linux-aarch64-sageattention-pytorch28-cu129-python311"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-290.128-cp312-cp312-linux_aarch64.whl: torch 2.9.0, CUDA 12.8, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch29-cu128-python312" {
+  inherits = ["_linux-aarch64", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch29-cu128-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch29-cu128-python312" {
+  inherits = ["linux-aarch64-sageattention-pytorch29-cu128-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2141.130-cp312-cp312-linux_aarch64.whl: torch 2.14.1, CUDA 13.0, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch2141-cu130-python312" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch2141-cu130-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch2141-cu130-python312" {
+  inherits = ["linux-aarch64-sageattention-pytorch2141-cu130-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-290.128-cp310-cp310-linux_aarch64.whl: torch 2.9.0, CUDA 12.8, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch29-cu128-python310" {
+  inherits = ["_linux-aarch64", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch29-cu128-python310"
+    PYTHON_ABI = "cp310-cp310"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch29-cu128-python310" {
+  inherits = ["linux-aarch64-sageattention-pytorch29-cu128-python310"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-290.128-cp311-cp311-linux_aarch64.whl: torch 2.9.0, CUDA 12.8, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch29-cu128-python311" {
+  inherits = ["_linux-aarch64", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch29-cu128-python311"
+    PYTHON_ABI = "cp311-cp311"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch29-cu128-python311" {
+  inherits = ["linux-aarch64-sageattention-pytorch29-cu128-python311"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-290.128-cp313-cp313-linux_aarch64.whl: torch 2.9.0, CUDA 12.8, Python 3.13, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch29-cu128-python313" {
+  inherits = ["_linux-aarch64", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch29-cu128-python313"
+    PYTHON_ABI = "cp313-cp313"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch29-cu128-python313" {
+  inherits = ["linux-aarch64-sageattention-pytorch29-cu128-python313"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-290.128-cp314-cp314-linux_aarch64.whl: torch 2.9.0, CUDA 12.8, Python 3.14, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch29-cu128-python314" {
+  inherits = ["_linux-aarch64", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch29-cu128-python314"
+    PYTHON_ABI = "cp314-cp314"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch29-cu128-python314" {
+  inherits = ["linux-aarch64-sageattention-pytorch29-cu128-python314"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-290.130-cp310-cp310-linux_aarch64.whl: torch 2.9.0, CUDA 13.0, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch29-cu130-python310" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch29-cu130-python310"
+    PYTHON_ABI = "cp310-cp310"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch29-cu130-python310" {
+  inherits = ["linux-aarch64-sageattention-pytorch29-cu130-python310"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-290.130-cp311-cp311-linux_aarch64.whl: torch 2.9.0, CUDA 13.0, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch29-cu130-python311" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch29-cu130-python311"
+    PYTHON_ABI = "cp311-cp311"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch29-cu130-python311" {
+  inherits = ["linux-aarch64-sageattention-pytorch29-cu130-python311"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-290.130-cp312-cp312-linux_aarch64.whl: torch 2.9.0, CUDA 13.0, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch29-cu130-python312" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch29-cu130-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch29-cu130-python312" {
+  inherits = ["linux-aarch64-sageattention-pytorch29-cu130-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-290.130-cp313-cp313-linux_aarch64.whl: torch 2.9.0, CUDA 13.0, Python 3.13, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch29-cu130-python313" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch29-cu130-python313"
+    PYTHON_ABI = "cp313-cp313"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch29-cu130-python313" {
+  inherits = ["linux-aarch64-sageattention-pytorch29-cu130-python313"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-290.130-cp314-cp314-linux_aarch64.whl: torch 2.9.0, CUDA 13.0, Python 3.14, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch29-cu130-python314" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch29-cu130-python314"
+    PYTHON_ABI = "cp314-cp314"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch29-cu130-python314" {
+  inherits = ["linux-aarch64-sageattention-pytorch29-cu130-python314"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2100.128-cp310-cp310-linux_aarch64.whl: torch 2.10.0, CUDA 12.8, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch210-cu128-python310" {
+  inherits = ["_linux-aarch64", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch210-cu128-python310"
+    PYTHON_ABI = "cp310-cp310"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch210-cu128-python310" {
+  inherits = ["linux-aarch64-sageattention-pytorch210-cu128-python310"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2100.128-cp311-cp311-linux_aarch64.whl: torch 2.10.0, CUDA 12.8, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch210-cu128-python311" {
+  inherits = ["_linux-aarch64", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch210-cu128-python311"
+    PYTHON_ABI = "cp311-cp311"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch210-cu128-python311" {
+  inherits = ["linux-aarch64-sageattention-pytorch210-cu128-python311"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2100.128-cp312-cp312-linux_aarch64.whl: torch 2.10.0, CUDA 12.8, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch210-cu128-python312" {
+  inherits = ["_linux-aarch64", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch210-cu128-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch210-cu128-python312" {
+  inherits = ["linux-aarch64-sageattention-pytorch210-cu128-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2100.128-cp313-cp313-linux_aarch64.whl: torch 2.10.0, CUDA 12.8, Python 3.13, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch210-cu128-python313" {
+  inherits = ["_linux-aarch64", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch210-cu128-python313"
+    PYTHON_ABI = "cp313-cp313"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch210-cu128-python313" {
+  inherits = ["linux-aarch64-sageattention-pytorch210-cu128-python313"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2100.128-cp314-cp314-linux_aarch64.whl: torch 2.10.0, CUDA 12.8, Python 3.14, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch210-cu128-python314" {
+  inherits = ["_linux-aarch64", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch210-cu128-python314"
+    PYTHON_ABI = "cp314-cp314"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch210-cu128-python314" {
+  inherits = ["linux-aarch64-sageattention-pytorch210-cu128-python314"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2100.130-cp310-cp310-linux_aarch64.whl: torch 2.10.0, CUDA 13.0, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch210-cu130-python310" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch210-cu130-python310"
+    PYTHON_ABI = "cp310-cp310"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch210-cu130-python310" {
+  inherits = ["linux-aarch64-sageattention-pytorch210-cu130-python310"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2100.130-cp311-cp311-linux_aarch64.whl: torch 2.10.0, CUDA 13.0, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch210-cu130-python311" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch210-cu130-python311"
+    PYTHON_ABI = "cp311-cp311"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch210-cu130-python311" {
+  inherits = ["linux-aarch64-sageattention-pytorch210-cu130-python311"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2100.130-cp312-cp312-linux_aarch64.whl: torch 2.10.0, CUDA 13.0, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch210-cu130-python312" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch210-cu130-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch210-cu130-python312" {
+  inherits = ["linux-aarch64-sageattention-pytorch210-cu130-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2100.130-cp313-cp313-linux_aarch64.whl: torch 2.10.0, CUDA 13.0, Python 3.13, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch210-cu130-python313" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch210-cu130-python313"
+    PYTHON_ABI = "cp313-cp313"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch210-cu130-python313" {
+  inherits = ["linux-aarch64-sageattention-pytorch210-cu130-python313"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2100.130-cp314-cp314-linux_aarch64.whl: torch 2.10.0, CUDA 13.0, Python 3.14, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch210-cu130-python314" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch210-cu130-python314"
+    PYTHON_ABI = "cp314-cp314"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch210-cu130-python314" {
+  inherits = ["linux-aarch64-sageattention-pytorch210-cu130-python314"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2110.128-cp310-cp310-linux_aarch64.whl: torch 2.11.0, CUDA 12.8, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch211-cu128-python310" {
+  inherits = ["_linux-aarch64", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch211-cu128-python310"
+    PYTHON_ABI = "cp310-cp310"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch211-cu128-python310" {
+  inherits = ["linux-aarch64-sageattention-pytorch211-cu128-python310"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2110.128-cp311-cp311-linux_aarch64.whl: torch 2.11.0, CUDA 12.8, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch211-cu128-python311" {
+  inherits = ["_linux-aarch64", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch211-cu128-python311"
+    PYTHON_ABI = "cp311-cp311"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch211-cu128-python311" {
+  inherits = ["linux-aarch64-sageattention-pytorch211-cu128-python311"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2110.128-cp312-cp312-linux_aarch64.whl: torch 2.11.0, CUDA 12.8, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch211-cu128-python312" {
+  inherits = ["_linux-aarch64", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch211-cu128-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch211-cu128-python312" {
+  inherits = ["linux-aarch64-sageattention-pytorch211-cu128-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2110.128-cp313-cp313-linux_aarch64.whl: torch 2.11.0, CUDA 12.8, Python 3.13, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch211-cu128-python313" {
+  inherits = ["_linux-aarch64", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch211-cu128-python313"
+    PYTHON_ABI = "cp313-cp313"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch211-cu128-python313" {
+  inherits = ["linux-aarch64-sageattention-pytorch211-cu128-python313"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2110.128-cp314-cp314-linux_aarch64.whl: torch 2.11.0, CUDA 12.8, Python 3.14, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch211-cu128-python314" {
+  inherits = ["_linux-aarch64", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch211-cu128-python314"
+    PYTHON_ABI = "cp314-cp314"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch211-cu128-python314" {
+  inherits = ["linux-aarch64-sageattention-pytorch211-cu128-python314"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2110.130-cp310-cp310-linux_aarch64.whl: torch 2.11.0, CUDA 13.0, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch211-cu130-python310" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch211-cu130-python310"
+    PYTHON_ABI = "cp310-cp310"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch211-cu130-python310" {
+  inherits = ["linux-aarch64-sageattention-pytorch211-cu130-python310"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2110.130-cp311-cp311-linux_aarch64.whl: torch 2.11.0, CUDA 13.0, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch211-cu130-python311" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch211-cu130-python311"
+    PYTHON_ABI = "cp311-cp311"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch211-cu130-python311" {
+  inherits = ["linux-aarch64-sageattention-pytorch211-cu130-python311"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2110.130-cp312-cp312-linux_aarch64.whl: torch 2.11.0, CUDA 13.0, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch211-cu130-python312" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch211-cu130-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch211-cu130-python312" {
+  inherits = ["linux-aarch64-sageattention-pytorch211-cu130-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2110.130-cp313-cp313-linux_aarch64.whl: torch 2.11.0, CUDA 13.0, Python 3.13, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch211-cu130-python313" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch211-cu130-python313"
+    PYTHON_ABI = "cp313-cp313"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch211-cu130-python313" {
+  inherits = ["linux-aarch64-sageattention-pytorch211-cu130-python313"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2110.130-cp314-cp314-linux_aarch64.whl: torch 2.11.0, CUDA 13.0, Python 3.14, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch211-cu130-python314" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch211-cu130-python314"
+    PYTHON_ABI = "cp314-cp314"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch211-cu130-python314" {
+  inherits = ["linux-aarch64-sageattention-pytorch211-cu130-python314"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2121.130-cp310-cp310-linux_aarch64.whl: torch 2.12.1, CUDA 13.0, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch2121-cu130-python310" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch2121-cu130-python310"
+    PYTHON_ABI = "cp310-cp310"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch2121-cu130-python310" {
+  inherits = ["linux-aarch64-sageattention-pytorch2121-cu130-python310"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2121.130-cp311-cp311-linux_aarch64.whl: torch 2.12.1, CUDA 13.0, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch2121-cu130-python311" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch2121-cu130-python311"
+    PYTHON_ABI = "cp311-cp311"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch2121-cu130-python311" {
+  inherits = ["linux-aarch64-sageattention-pytorch2121-cu130-python311"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2121.130-cp312-cp312-linux_aarch64.whl: torch 2.12.1, CUDA 13.0, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch2121-cu130-python312" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch2121-cu130-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch2121-cu130-python312" {
+  inherits = ["linux-aarch64-sageattention-pytorch2121-cu130-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2121.130-cp313-cp313-linux_aarch64.whl: torch 2.12.1, CUDA 13.0, Python 3.13, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch2121-cu130-python313" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch2121-cu130-python313"
+    PYTHON_ABI = "cp313-cp313"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch2121-cu130-python313" {
+  inherits = ["linux-aarch64-sageattention-pytorch2121-cu130-python313"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2121.130-cp314-cp314-linux_aarch64.whl: torch 2.12.1, CUDA 13.0, Python 3.14, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch2121-cu130-python314" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch2121-cu130-python314"
+    PYTHON_ABI = "cp314-cp314"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch2121-cu130-python314" {
+  inherits = ["linux-aarch64-sageattention-pytorch2121-cu130-python314"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2130.130-cp310-cp310-linux_aarch64.whl: torch 2.13.0, CUDA 13.0, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch213-cu130-python310" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch213-cu130-python310"
+    PYTHON_ABI = "cp310-cp310"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch213-cu130-python310" {
+  inherits = ["linux-aarch64-sageattention-pytorch213-cu130-python310"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2130.130-cp311-cp311-linux_aarch64.whl: torch 2.13.0, CUDA 13.0, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch213-cu130-python311" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch213-cu130-python311"
+    PYTHON_ABI = "cp311-cp311"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch213-cu130-python311" {
+  inherits = ["linux-aarch64-sageattention-pytorch213-cu130-python311"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2130.130-cp312-cp312-linux_aarch64.whl: torch 2.13.0, CUDA 13.0, Python 3.12, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch213-cu130-python312" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch213-cu130-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch213-cu130-python312" {
+  inherits = ["linux-aarch64-sageattention-pytorch213-cu130-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2130.130-cp313-cp313-linux_aarch64.whl: torch 2.13.0, CUDA 13.0, Python 3.13, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch213-cu130-python313" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch213-cu130-python313"
+    PYTHON_ABI = "cp313-cp313"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch213-cu130-python313" {
+  inherits = ["linux-aarch64-sageattention-pytorch213-cu130-python313"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2130.130-cp314-cp314-linux_aarch64.whl: torch 2.13.0, CUDA 13.0, Python 3.14, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch213-cu130-python314" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch213-cu130-python314"
+    PYTHON_ABI = "cp314-cp314"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch213-cu130-python314" {
+  inherits = ["linux-aarch64-sageattention-pytorch213-cu130-python314"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2141.130-cp310-cp310-linux_aarch64.whl: torch 2.14.1, CUDA 13.0, Python 3.10, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch2141-cu130-python310" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch2141-cu130-python310"
+    PYTHON_ABI = "cp310-cp310"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch2141-cu130-python310" {
+  inherits = ["linux-aarch64-sageattention-pytorch2141-cu130-python310"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2141.130-cp311-cp311-linux_aarch64.whl: torch 2.14.1, CUDA 13.0, Python 3.11, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch2141-cu130-python311" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch2141-cu130-python311"
+    PYTHON_ABI = "cp311-cp311"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch2141-cu130-python311" {
+  inherits = ["linux-aarch64-sageattention-pytorch2141-cu130-python311"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2141.130-cp313-cp313-linux_aarch64.whl: torch 2.14.1, CUDA 13.0, Python 3.13, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch2141-cu130-python313" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch2141-cu130-python313"
+    PYTHON_ABI = "cp313-cp313"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch2141-cu130-python313" {
+  inherits = ["linux-aarch64-sageattention-pytorch2141-cu130-python313"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattention-2.2.0-2141.130-cp314-cp314-linux_aarch64.whl: torch 2.14.1, CUDA 13.0, Python 3.14, archs 8.0;8.6;8.9;9.0a;12.0a
+target "linux-aarch64-sageattention-pytorch2141-cu130-python314" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattention-pytorch2141-cu130-python314"
+    PYTHON_ABI = "cp314-cp314"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattention-pytorch2141-cu130-python314" {
+  inherits = ["linux-aarch64-sageattention-pytorch2141-cu130-python314"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattn3-1.0.0+cu128torch2.9.0-cp312-cp312-linux_aarch64.whl: torch 2.9.0, CUDA 12.8, Python 3.12, archs 10.0a;12.0a
+target "linux-aarch64-sageattn3-pytorch29-cu128-python312" {
+  inherits = ["_linux-aarch64", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattn3-pytorch29-cu128-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattn3-pytorch29-cu128-python312" {
+  inherits = ["linux-aarch64-sageattn3-pytorch29-cu128-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattn3-1.0.0+cu130torch2.9.0-cp312-cp312-linux_aarch64.whl: torch 2.9.0, CUDA 13.0, Python 3.12, archs 10.0a;12.0a
+target "linux-aarch64-sageattn3-pytorch29-cu130-python312" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattn3-pytorch29-cu130-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattn3-pytorch29-cu130-python312" {
+  inherits = ["linux-aarch64-sageattn3-pytorch29-cu130-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattn3-1.0.0+cu130torch2.14.1-cp312-cp312-linux_aarch64.whl: torch 2.14.1, CUDA 13.0, Python 3.12, archs 10.0a;12.0a
+target "linux-aarch64-sageattn3-pytorch2141-cu130-python312" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattn3-pytorch2141-cu130-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattn3-pytorch2141-cu130-python312" {
+  inherits = ["linux-aarch64-sageattn3-pytorch2141-cu130-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattn3-1.0.0-cp310-abi3-linux_aarch64.whl: torch 2.14.1, CUDA 13.0, Python 3.12, archs 10.0a;12.0a
+target "linux-aarch64-sageattn3-abi3-cu130-python312" {
+  inherits = ["_linux-aarch64", "_cu130"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattn3-abi3-cu130-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattn3-abi3-cu130-python312" {
+  inherits = ["linux-aarch64-sageattn3-abi3-cu130-python312"]
+  target   = "test"
+  output   = ["type=cacheonly"]
+}
+
+# sageattn3-1.0.0+cu12-cp310-abi3-linux_aarch64.whl: torch 2.11.0, CUDA 12.8, Python 3.12, archs 10.0a;12.0a
+target "linux-aarch64-sageattn3-abi3-cu128-python312" {
+  inherits = ["_linux-aarch64", "_cu128"]
+  target   = "wheel"
+  args     = {
+    BUILD_ID   = "linux-aarch64-sageattn3-abi3-cu128-python312"
+    PYTHON_ABI = "cp312-cp312"
+  }
+  output   = ["type=local,dest=${WHEELHOUSE}"]
+}
+
+target "test-linux-aarch64-sageattn3-abi3-cu128-python312" {
+  inherits = ["linux-aarch64-sageattn3-abi3-cu128-python312"]
   target   = "test"
   output   = ["type=cacheonly"]
 }

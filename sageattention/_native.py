@@ -3,8 +3,8 @@
 The compiled modules (``sageattention._fused``, ``_qattn_sm80``, ``_qattn_sm89``, ``_qattn_sm90``)
 include no torch header and link no libtorch: their CUDA runtime is linked statically and their ops
 are plain C functions over tensor descriptors, so one wheel serves every PyTorch from the floor in
-its METADATA on (docs/building.md, "One wheel for every PyTorch"). This module is the only one that
-touches them:
+its METADATA on (docs/building.md, "One wheel for every PyTorch"). This module (over ``_cabi``, the
+package-neutral half) is the only one that touches them:
 
 * ``load(module)``: the module's functions, or why they cannot be had (not built here, another ABI
   version, a CUDA line that does not fit the installed torch);
@@ -14,55 +14,26 @@ touches them:
 * ``build_info()`` and ``cuda_line_problem()``: what the wheel was built with, and whether its CUDA
   line fits the installed torch (checked when sageattention is imported).
 
-sageattention/cuda_ops.py defines the torch ops on top of it.
+sageattention/cuda_ops.py defines the torch ops on top of it. The package-neutral part (descriptors,
+``Library``, loading) is ``sageattention._cabi``, which sageattn3 shares; this module adds what is
+sageattention's own: its build record, its modules and ``Plan``.
 """
 
 from __future__ import annotations
 
-import ctypes
-import importlib.util
-import json
 import os
 from array import array
 
-import torch
+from . import _cabi
+from ._cabi import _RET_ZEROS, ABI_VERSION, DESC_WORDS, Library, _raw_stream
+from ._cabi import DTYPE_CODES as DTYPE_CODES  # the element type codes, for callers of this module
+from ._cabi import descriptor as _descriptor
 
 __all__ = ["ABI_VERSION", "DESC_WORDS", "Library", "build_info", "cuda_line_problem", "load"]
 
-#: sage_abi_version() of the modules this Python code can call (csrc/bindings.cpp).
-ABI_VERSION = 1
-#: int64 words per tensor descriptor: data, dtype, device type (1: CUDA), device index, dims, 4 sizes,
-#: 4 strides (csrc/bindings.cpp, View).
-DESC_WORDS = 13
-#: Element types by their code in the descriptors (csrc/bindings.cpp, DType).
-DTYPE_CODES = {
-    torch.float16: 0,
-    torch.bfloat16: 1,
-    torch.float32: 2,
-    torch.int8: 3,
-    torch.uint8: 4,
-    torch.float8_e4m3fn: 5,
-    torch.int32: 6,
-}
-_ABSENT = (0, -1, 0, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0)  # an optional tensor that is None
-_PAD = (0, 0, 0, 0)
-_RET_ZEROS = (0, 0, 0, 0)
-
-_BUILD_INFO = "_build_info.json"
+PACKAGE = "sageattention"
 _build_record: list = []  # [dict], read once
 _loaded: dict[str, tuple[Library | None, str | None]] = {}
-
-# The op's arrays go as addresses of array.array buffers: packing them costs a fifth of ctypes arrays'
-# (bench/host_native.py).
-_OP_ARGTYPES = [ctypes.c_void_p] * 5
-
-try:  # the raw stream handle, as torch's own generated code reads it (a microsecond less than
-    # torch.cuda.current_stream().cuda_stream)
-    _raw_stream = torch._C._cuda_getCurrentRawStream
-except AttributeError:  # a torch without CUDA
-
-    def _raw_stream(device: int) -> int:
-        return torch.cuda.current_stream(device).cuda_stream
 
 
 def build_info() -> dict:
@@ -70,120 +41,14 @@ def build_info() -> dict:
     the wheel by setup.py): ``{"extensions": {"sageattention._qattn_sm89": ["8.9", ...], ...},
     "nvcc": "13.0.88", "cuda_line": "13", ...}``; {} where the installation has no such record."""
     if not _build_record:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), _BUILD_INFO)
-        try:
-            with open(path, encoding="utf-8") as f:
-                _build_record.append(json.load(f))
-        except (OSError, ValueError):
-            _build_record.append({})
+        _build_record.append(_cabi.read_build_info(os.path.dirname(os.path.abspath(__file__))))
     return _build_record[0]
 
 
 def cuda_line_problem(info: dict | None = None, torch_cuda: str | None = None) -> str | None:
-    """Why this installation's compiled modules do not fit the installed torch, or None.
-
-    A wheel is built for one CUDA line (12 or 13, ``cuda_line`` in its build record); a torch built for
-    another line is refused: the modules' statically linked runtime of one line would then sit beside
-    torch's of the other, and the driver may not run both. A torch without CUDA (a CPU or ROCm build)
-    fits: there the compiled kernels are never chosen."""
-    info = build_info() if info is None else info
-    line = info.get("cuda_line")
-    torch_cuda = torch.version.cuda if torch_cuda is None else torch_cuda
-    if not line or not torch_cuda:
-        return None
-    torch_line = str(torch_cuda).split(".")[0]
-    if torch_line == str(line):
-        return None
-    return (
-        f"this sageattention wheel is built for CUDA {line}.x (nvcc {info.get('nvcc', '?')}), "
-        "but the installed "
-        f"torch {torch.__version__} is built for CUDA {torch_cuda}. Install the wheel of torch's CUDA line: "
-        "`pip install --force-reinstall --no-deps sageattention --index-url "
-        f"<the sageattention index>/cu{torch_line}` "
-        "(docs/building.md, 'Which wheel'), or a torch built for CUDA "
-        f"{line}.x; `python -m sageattention env` shows both."
-    )
-
-
-def _descriptor(t) -> tuple:
-    if t is None:
-        return _ABSENT
-    index = t.get_device()  # -1 on the CPU
-    shape, strides = t.shape, t.stride()
-    dims = len(shape)
-    if dims == 4:
-        return (t.data_ptr(), DTYPE_CODES.get(t.dtype, -1), index >= 0, index, 4, *shape, *strides)
-    if dims > 4:
-        raise ValueError(f"the compiled ops take tensors of at most 4 dims, got one of {dims}")
-    return (
-        t.data_ptr(),
-        DTYPE_CODES.get(t.dtype, -1),
-        index >= 0,
-        index,
-        dims,
-        *(tuple(shape) + _PAD)[:4],
-        *(strides + _PAD)[:4],
-    )
-
-
-class Library:
-    """The functions of one compiled module (``sageattention.<name>``)."""
-
-    def __init__(self, name: str, path: str) -> None:
-        self.name = name
-        self.path = path
-        self._dll = ctypes.CDLL(path)
-        self._dll.sage_abi_version.restype = ctypes.c_int
-        self._dll.sage_last_error.restype = ctypes.c_char_p
-        self._dll.sage_cuda_runtime_version.restype = ctypes.c_int
-        self._ops: dict[str, object] = {}
-
-    def abi_version(self) -> int:
-        return int(self._dll.sage_abi_version())
-
-    def cuda_runtime_version(self) -> int:
-        """The CUDA toolkit the module was compiled with, as CUDART_VERSION (13000 for 13.0)."""
-        return int(self._dll.sage_cuda_runtime_version())
-
-    def has(self, symbol: str) -> bool:
-        return hasattr(self._dll, symbol)
-
-    def last_error(self) -> str:
-        message = self._dll.sage_last_error()
-        return message.decode("utf-8", "replace") if message else "unknown error"
-
-    def function(self, symbol: str, restype, argtypes):
-        """A plain exported function of the module (sizes, flags), typed."""
-        fn = getattr(self._dll, symbol)
-        fn.restype = restype
-        fn.argtypes = argtypes
-        return fn
-
-    def op(self, name: str):
-        fn = self._ops.get(name)
-        if fn is None:
-            fn = getattr(self._dll, f"sage_{name}")
-            fn.restype = ctypes.c_int
-            fn.argtypes = _OP_ARGTYPES
-            self._ops[name] = fn
-        return fn
-
-    def call(self, name: str, tensors, ints=(), floats=(), device: int | None = None) -> tuple:
-        """Run op ``name`` on the current stream of ``device`` (default: the first tensor's); returns
-        its int64 return words. RuntimeError with the op's own message when a check fails."""
-        words = array("q")
-        for t in tensors:
-            words.extend(_descriptor(t))
-        if device is None:
-            device = tensors[0].get_device()
-        stream = _raw_stream(device) if device >= 0 else 0
-        ints, floats, ret = array("q", ints or (0,)), array("d", floats or (0.0,)), array("q", _RET_ZEROS)
-        fn = self._ops.get(name) or self.op(name)
-        status = fn(words.buffer_info()[0], ints.buffer_info()[0], floats.buffer_info()[0], stream,
-                    ret.buffer_info()[0])  # fmt: skip
-        if status != 0:
-            raise RuntimeError(f"sageattention::{name}: {self.last_error()}")
-        return tuple(ret)
+    """Why this installation's compiled modules do not fit the installed torch, or None: a wheel of one
+    CUDA line beside a torch of another (``_cabi.cuda_line_problem``)."""
+    return _cabi.cuda_line_problem(PACKAGE, build_info() if info is None else info, torch_cuda)
 
 
 class Plan:
@@ -218,30 +83,5 @@ class Plan:
 def load(module: str) -> tuple[Library | None, str | None]:
     """(Library, None) for ``sageattention.<module>``, or (None, why not); once per module."""
     if module not in _loaded:
-        _loaded[module] = _load(module)
+        _loaded[module] = _cabi.load_module(PACKAGE, module, cuda_line_problem())
     return _loaded[module]
-
-
-def _load(module: str) -> tuple[Library | None, str | None]:
-    problem = cuda_line_problem()
-    if problem is not None:
-        return None, problem
-    try:
-        spec = importlib.util.find_spec(f"sageattention.{module}")
-    except (ImportError, ValueError) as exc:
-        return None, f"{type(exc).__name__}: {exc}"
-    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
-        return None, f"sageattention.{module} is not built in this installation"
-    try:
-        library = Library(module, spec.origin)
-    except OSError as exc:  # a file for another platform, a missing shared library
-        return None, f"OSError: cannot load {spec.origin}: {exc}"
-    except AttributeError:
-        return None, f"{spec.origin} is not a sageattention module of this ABI (no sage_abi_version)"
-    if library.abi_version() != ABI_VERSION:
-        return None, (
-            f"{spec.origin} has ABI version {library.abi_version()}, "
-            f"this Python code calls version {ABI_VERSION}: "
-            "the compiled modules and the Python files come from different builds"
-        )
-    return library, None

@@ -1,13 +1,24 @@
 """Build script for sageattn3: the Blackwell extension `sageattn3._C` when it can be built.
 
 `python -m sagebuild build --package sageattn3` calls this through ``python -m build
---no-isolation`` with TORCH_CUDA_ARCH_LIST set; the wheel's local version (``+cu128torch2.9.0``)
-comes from sagebuild through setuptools' DIST_EXTRA_CONFIG (``egg_info.tag_build``), never from here.
+--no-isolation`` with TORCH_CUDA_ARCH_LIST and SAGEATTENTION_WHEEL set; a per-torch wheel's local version
+(``+cu128torch2.9.0``) and an abi3 wheel's CUDA line (``+cu12``) come from sagebuild through setuptools'
+DIST_EXTRA_CONFIG (``egg_info.tag_build``), never from here.
+
+The module talks to Python through the plain C ABI that sageattention's modules export too
+(csrc/bindings.cpp, loaded with ctypes by sageattn3/ops.py) and links the CUDA runtime statically: it
+depends on no torch and no Python version, so the default wheel is one abi3 wheel per CUDA line
+(``cp310-abi3``, ``torch>=2.9.0``) that serves every torch from the floor on. torch is needed at build
+time only for its extension builder (nvcc through ninja), whose CUDA major version must match nvcc's.
+The package-neutral half of that ABI comes from the repository (shared_sources.py).
 
 Environment variables:
   SAGEATTN3_BUILD_CUDA   auto (default): compile when torch with CUDA and nvcc are present;
                          1: compile or fail; 0: pure-Python wheel. SAGEATTENTION_BUILD_CUDA (what
                          sagebuild sets) is read when this one is unset.
+  SAGEATTN3_WHEEL        abi3 (default): one wheel for every torch from TORCH_FLOOR on and every CPython
+                         from PYTHON_FLOOR on; pinned: a wheel for the build's torch (``torch==X``, one
+                         Python). SAGEATTENTION_WHEEL (what sagebuild sets) is read when this one is unset.
   TORCH_CUDA_ARCH_LIST   archs to compile, from 9.0a, 10.0a and 12.0a (default "10.0a;12.0a"); "10.0"
                          and "12.0" mean the same (the FP4 instructions exist only in the "a" targets).
                          9.0a is not a release arch: it builds the sm_100a attention path (FP4 decoded
@@ -19,13 +30,21 @@ The kernels use inline PTX only; no CUTLASS headers are needed.
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
+from setuptools.command.bdist_wheel import bdist_wheel
+from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+from shared_sources import sync  # noqa: E402
+
 SOURCES = ["csrc/bindings.cpp", "csrc/quant_nvfp4.cu", "csrc/attn_nvfp4.cu", "csrc/mma_smoke.cu"]
 # arch -> (nvcc target, macro telling the sources which families the module holds)
 ARCHS = {
@@ -34,7 +53,12 @@ ARCHS = {
     "12.0a": ("120a", "SAGE3_BUILT_SM120A"),
 }
 DEFAULT_ARCHS = "10.0a;12.0a"
+# The abi3 wheel's floors (build-matrix.yaml, packages.sageattn3.abi3; a unit test keeps them equal):
+# 2.9.0, sageattn3's oldest torch; 3.10, what torch's extension builder sets Py_LIMITED_API to.
+TORCH_FLOOR = "2.9.0"
+PYTHON_FLOOR = "3.10"
 PURE_REQUIRES = ["torch>=2.4"]
+BUILD_INFO = "_build_info.json"
 _BUILD_COMMANDS = {"build", "build_ext", "bdist_wheel", "bdist_egg", "editable_wheel", "install", "develop"}
 
 
@@ -46,10 +70,13 @@ def stop(message: str) -> None:
     raise SystemExit(f"\nsageattn3 setup: {message}\n")
 
 
-def build_mode() -> str:
-    value = os.environ.get("SAGEATTN3_BUILD_CUDA", os.environ.get("SAGEATTENTION_BUILD_CUDA", "auto"))
-    if value not in ("auto", "0", "1"):
-        stop(f"SAGEATTN3_BUILD_CUDA={value!r}: use auto, 0 or 1")
+def setting(name: str, default: str, valid: tuple[str, ...]) -> str:
+    """SAGEATTN3_<name>, else SAGEATTENTION_<name> (sagebuild's), else ``default``."""
+    value = (
+        os.environ.get(f"SAGEATTN3_{name}", os.environ.get(f"SAGEATTENTION_{name}", default)).strip().lower()
+    )
+    if value not in valid:
+        stop(f"SAGEATTN3_{name}={value!r}: use {', '.join(valid)}")
     return value
 
 
@@ -68,53 +95,139 @@ def requested_archs() -> list[str]:
     return archs
 
 
-def extension_or_reason():
-    """(ext_modules, cmdclass, install_requires) or a pure build with the reason noted."""
-    mode = build_mode()
-    wants_build = any(arg in _BUILD_COMMANDS for arg in sys.argv[1:])
-    if mode == "0" or not wants_build:
-        return [], {}, PURE_REQUIRES
-    try:
-        import torch
-        from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CUDAExtension
-    except ImportError as exc:
-        reason = f"torch is not importable ({exc})"
-    else:
-        reason = None
-        if torch.version.cuda is None:
-            reason = f"torch {torch.__version__} has no CUDA"
-        elif CUDA_HOME is None or not (Path(CUDA_HOME) / "bin").exists():
-            reason = "nvcc not found (set CUDA_HOME)"
-    if reason:
-        if mode == "1":
-            stop(f"cannot build the extension: {reason}")
-        note(f"pure-Python build: {reason}")
-        return [], {}, PURE_REQUIRES
-    archs = requested_archs()
-    # No -std flag: torch's build adds the C++ standard its headers need (C++17 or newer).
-    nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
-    defines = []
-    for arch in archs:
-        code, macro = ARCHS[arch]
-        nvcc += ["-gencode", f"arch=compute_{code},code=sm_{code}"]
-        defines.append((macro, "1"))
-    threads = os.environ.get("NVCC_THREADS")
-    if threads:
-        nvcc.append(f"--threads={threads}")
-    note(
-        f"building sageattn3._C for {', '.join(archs)}: torch {torch.__version__}, CUDA {torch.version.cuda}"
-    )
-    cxx = ["-O3"] if os.name != "nt" else ["/O2"]
-    ext = CUDAExtension(
-        name="sageattn3._C",
-        sources=SOURCES,
-        include_dirs=[str(ROOT / "csrc")],
-        define_macros=defines,
-        extra_compile_args={"cxx": cxx, "nvcc": nvcc},
-    )
-    torch_pin = f"torch=={torch.__version__.split('+')[0]}"
-    return [ext], {"build_ext": BuildExtension.with_options(use_ninja=True)}, [torch_pin]
+def static_cudart(cuda_home: str) -> tuple[list[str], list[str]]:
+    """(library dirs, libraries) of CUDA_HOME's static CUDA runtime, so that the module needs no libcudart
+    of torch's (nor any shared library beyond the C/C++ runtime and the driver)."""
+    home, windows = Path(cuda_home), os.name == "nt"
+    name = "cudart_static.lib" if windows else "libcudart_static.a"
+    found = [*home.glob(f"lib*/{name}"), *home.glob(f"lib/x64/{name}"), *home.glob(f"targets/*/lib/{name}")]
+    if not found:
+        stop(f"no static CUDA runtime ({name}) under {cuda_home}")
+    return [str(found[0].parent)], ["cudart_static", *([] if windows else ["rt", "pthread", "dl"])]
 
 
-ext_modules, cmdclass, install_requires = extension_or_reason()
-setup(ext_modules=ext_modules, cmdclass=cmdclass, install_requires=install_requires)
+class Build:
+    """What this invocation builds, decided once before setup() runs."""
+
+    def __init__(self) -> None:
+        self.ext_modules: list[Extension] = []
+        self.requires = list(PURE_REQUIRES)
+        self.wheel = setting("WHEEL", "abi3", ("abi3", "pinned"))
+        self.info: dict = {"package": "sageattn3", "cuda_build": False, "wheel_kind": "pure", "archs": []}
+        mode = setting("BUILD_CUDA", "auto", ("auto", "0", "1"))
+        if mode == "0" or not _BUILD_COMMANDS.intersection(sys.argv[1:]):
+            return
+        try:
+            import torch  # noqa: PLC0415 (only needed for CUDA builds)
+            from torch.utils.cpp_extension import CUDA_HOME  # noqa: PLC0415
+        except ImportError as exc:
+            reason = f"torch is not importable ({exc})"
+        else:
+            reason = None
+            if torch.version.cuda is None:
+                reason = f"torch {torch.__version__} has no CUDA"
+            elif CUDA_HOME is None or not (Path(CUDA_HOME) / "bin").exists():
+                reason = "nvcc not found (set CUDA_HOME)"
+        if reason:
+            if mode == "1":
+                stop(f"cannot build the extension: {reason}")
+            note(f"pure-Python build: {reason}")
+            return
+        self._plan(torch.__version__.split("+")[0], torch.version.cuda, CUDA_HOME)
+
+    def _plan(self, torch_version: str, torch_cuda: str, cuda_home: str) -> None:
+        archs = requested_archs()
+        nvcc = ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]
+        defines = []
+        for arch in archs:
+            code, macro = ARCHS[arch]
+            nvcc += ["-gencode", f"arch=compute_{code},code=sm_{code}"]
+            defines.append((macro, "1"))
+        threads = os.environ.get("NVCC_THREADS")
+        if threads:
+            nvcc.append(f"--threads={threads}")
+        windows = os.name == "nt"
+        if windows:
+            nvcc += ["-Xcompiler", "/Zc:__cplusplus"]
+        library_dirs, libraries = static_cudart(cuda_home)
+        # A plain extension, not torch's CUDAExtension: that one links libtorch, libc10 and torch's
+        # libcudart into the module, which is what ties a wheel to one torch. py_limited_api: the module
+        # is an empty limited-API Python module (sage_cabi.h); `sagebuild verify` checks both claims.
+        self.ext_modules = [
+            Extension(
+                name="sageattn3._C",
+                sources=SOURCES,
+                include_dirs=[
+                    str(ROOT / "csrc"),
+                    str(ROOT / "csrc" / "shared"),
+                    str(Path(cuda_home) / "include"),
+                ],
+                define_macros=defines,
+                extra_compile_args={"cxx": ["/O2", "/Zc:__cplusplus"] if windows else ["-O3"], "nvcc": nvcc},
+                library_dirs=library_dirs,
+                libraries=libraries,
+                py_limited_api=True,
+                depends=["csrc/sage3_kernels.h", "csrc/nvfp4.cuh", "csrc/shared/sage_cabi.h"],
+            )
+        ]
+        if self.wheel == "abi3":
+            self.requires = [f"torch>={TORCH_FLOOR}"]
+        else:
+            self.requires = [f"torch=={torch_version}"]
+        version = re.search(r"release \S+, V([\d.]+)", self._nvcc_version(cuda_home))
+        nvcc_version = version.group(1) if version else None
+        self.info.update(
+            cuda_build=True, torch=torch_version, torch_cuda=torch_cuda, nvcc=nvcc_version, archs=archs,
+            wheel_kind=self.wheel, binding="c-abi", cuda_line=torch_cuda.split(".")[0],
+            torch_floor=TORCH_FLOOR if self.wheel == "abi3" else None, extensions={"sageattn3._C": archs},
+        )  # fmt: skip
+        note(
+            f"building sageattn3._C for {', '.join(archs)}: torch {torch_version} (build tool only), CUDA "
+            f"{torch_cuda}, {self.wheel} wheel, requires {self.requires[0]}"
+        )
+
+    @staticmethod
+    def _nvcc_version(cuda_home: str) -> str:
+        exe = Path(cuda_home) / "bin" / ("nvcc.exe" if os.name == "nt" else "nvcc")
+        try:
+            return subprocess.run([str(exe), "--version"], capture_output=True, text=True, check=True).stdout
+        except (OSError, subprocess.CalledProcessError) as exc:
+            stop(f"cannot run {exe} --version: {exc}")
+            return ""
+
+
+class build_py_with_info(build_py):
+    """Writes sageattn3/_build_info.json (what was compiled, with which CUDA, for which archs)."""
+
+    def run(self) -> None:
+        super().run()
+        if self.dry_run:
+            return
+        target = Path(self.build_lib) / "sageattn3" / BUILD_INFO
+        target.parent.mkdir(parents=True, exist_ok=True)
+        record = {**BUILD.info, "version": self.distribution.get_version()}
+        target.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        return [*super().get_outputs(include_bytecode), str(Path(self.build_lib) / "sageattn3" / BUILD_INFO)]
+
+
+class bdist_wheel_abi3(bdist_wheel):
+    """The abi3 wheel's ``cp310-abi3`` tag (a pinned or pure wheel keeps its own)."""
+
+    def finalize_options(self) -> None:
+        if BUILD.ext_modules and BUILD.wheel == "abi3" and not self.py_limited_api:
+            self.py_limited_api = "cp" + PYTHON_FLOOR.replace(".", "")
+        super().finalize_options()
+
+
+written = sync(ROOT)
+if written:
+    note(f"copied from the repository: {', '.join(written)}")
+BUILD = Build()
+cmdclass = {"build_py": build_py_with_info, "bdist_wheel": bdist_wheel_abi3}
+if BUILD.ext_modules:
+    from torch.utils.cpp_extension import BuildExtension  # noqa: E402
+
+    cmdclass["build_ext"] = BuildExtension.with_options(use_ninja=True)
+setup(ext_modules=BUILD.ext_modules, cmdclass=cmdclass, install_requires=BUILD.requires)

@@ -21,7 +21,7 @@ from pathlib import Path
 from . import tags
 from .ci import toolkit_release
 from .docs import write_generated
-from .errors import SagebuildError
+from .errors import SagebuildError, UsageError
 from .matrix import Matrix, Platform, Target
 
 OUTPUT = "docker-bake.hcl"
@@ -319,22 +319,25 @@ def render(matrix: Matrix) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def pinned_base_image() -> str:
-    """The manylinux_2_28 x86_64 image that the installed (pinned) cibuildwheel uses, by digest."""
+def pinned_base_image(platform: Platform) -> str:
+    """The image of a Linux platform's repair policy (manylinux_2_28 for manylinux_2_28_aarch64) and
+    CPU that the installed (pinned) cibuildwheel uses, by digest."""
+    arch = platform.machine
+    policy = (platform.repair_platform or "").removesuffix(f"_{arch}")
     try:
         resource = importlib.resources.files("cibuildwheel") / "resources" / "pinned_docker_images.cfg"
         text = resource.read_text(encoding="utf-8")
     except (ModuleNotFoundError, FileNotFoundError, OSError) as exc:
         raise SagebuildError(
             "cibuildwheel is not installed here (pip install -r requirements-dev.txt); it pins the "
-            f"manylinux_2_28 image ({exc})"
+            f"manylinux images ({exc})"
         ) from exc
     config = configparser.ConfigParser(inline_comment_prefixes=("#",))
     config.read_string(text)
     try:
-        return config["x86_64"]["manylinux_2_28"].strip()
+        return config[arch][policy].strip()
     except KeyError as exc:
-        raise SagebuildError(f"cibuildwheel's pinned images have no x86_64 manylinux_2_28 ({exc})") from exc
+        raise SagebuildError(f"cibuildwheel's pinned images have no {arch} {policy} ({exc})") from exc
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -343,7 +346,12 @@ def pinned_base_image() -> str:
 
 def cmd_bake(args: argparse.Namespace) -> int:
     if args.base_image:
-        print(pinned_base_image())
+        matrix = Matrix.load(args.matrix)
+        names = [p.name for p in bake_platforms(matrix)]
+        name = args.platform or names[0]
+        if name not in names:
+            raise UsageError(f"--platform {name}: not a Linux platform of the matrix ({', '.join(names)})")
+        print(pinned_base_image(matrix.platform(name)))
         return 0
     if args.source_date_epoch:
         from .build import source_date_epoch  # noqa: PLC0415
@@ -372,9 +380,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     bake.add_argument(
         "--base-image",
         action="store_true",
-        help="print the manylinux_2_28 x86_64 image pinned by the installed cibuildwheel (what "
-        "platforms.linux.manylinux_image must be)",
+        help="print the manylinux image pinned by the installed cibuildwheel for a Linux platform (what "
+        "its manylinux_image must be; --platform, default: the first Linux platform)",
     )
+    bake.add_argument("--platform", help="with --base-image: the Linux platform of the matrix")
     bake.add_argument(
         "--source-date-epoch",
         action="store_true",

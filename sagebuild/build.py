@@ -325,10 +325,11 @@ def auto_target(
     a torch is named) or "pinned" (torch==X, the package's own naming)."""
     if wheel is None:
         wheel = "abi3" if matrix.package(package).abi3 is not None and torch is None else "pinned"
-    platform = envs.current_platform()
+    platform = envs.current_platform(matrix.wheel_platforms())
     if platform is None:
         raise SagebuildError(
-            f"no wheels are built on {sys.platform}; platforms: {', '.join(matrix.platforms)}"
+            f"no wheels are built on {envs.machine_platform_tag()}; platforms: "
+            + ", ".join(f"{n} ({p.wheel_platform})" for n, p in matrix.platforms.items())
         )
     if python is None:
         python = (
@@ -343,10 +344,10 @@ def auto_target(
         local = envs.nvcc_version(home) if home else None
         if torch is not None:
             release = matrix.torch_release(torch)
-            if local and local[0] in release.cuda:
+            if local and local[0] in release.cuda_on(platform):
                 cuda = local[0]
             else:
-                cuda = release.registry_cuda.get(platform) or release.cuda[-1]
+                cuda = release.registry_cuda.get(platform) or release.cuda_on(platform)[-1]
         elif local is None:
             return None
         else:
@@ -441,7 +442,7 @@ def prepare_env(
     exe = envs.create_venv(python, venv, progress=progress)
     envs.pip(exe, ["install", *requirements], progress=progress)
     if target:
-        platform = envs.current_platform() or ""
+        platform = envs.current_platform(matrix.wheel_platforms()) or ""
         served = matrix.torch_release(target.torch).registry_cuda.get(platform)
         if index is None and served != target.cuda:
             progress.detail(
@@ -530,9 +531,15 @@ def prepare_toolkit(matrix: Matrix, target: Target, options: BuildOptions, progr
             f"{' '.join(release.pip.unusable.split())}. Install the CUDA {want} toolkit and pass "
             f"--cuda-home DIR, or choose a CUDA whose toolkit comes from pip ({', '.join(usable)})"
         )
+    if not release.pip.serves(target.platform):
+        raise SagebuildError(
+            f"CUDA {want} is needed and {seen}. The package index has no CUDA {want} toolkit packages for "
+            f"{target.platform} (cuda: {want}: pip: platforms in build-matrix.yaml lists "
+            f"{', '.join(release.pip.platforms or ())}): install the toolkit and pass --cuda-home DIR"
+        )
     progress.detail(f"{seen}; installing CUDA {want} from pip packages")
     packages = list(release.pip.compiler_packages)
-    folder = options.cache / "toolkits" / f"cuda-{want}-{envs.current_platform()}"
+    folder = options.cache / "toolkits" / f"cuda-{want}-{target.platform}"
     marker = folder / "sagebuild-toolkit.json"
     if envs.read_marker(marker) != {"packages": packages}:
         if folder.exists():
@@ -589,6 +596,15 @@ def stage_sources(matrix: Matrix, package: Package, work: Path, progress: envs.P
             elif item.is_file():
                 shutil.copy2(item, staged / name)
     else:
+        if package.shared_files:
+            # The files the package takes from the repository at their repository paths, its sources at
+            # theirs: its build finds them as it does in the checkout.
+            for name in package.shared_files:
+                if not (matrix.root / name).is_file():
+                    raise SagebuildError(f"{package.name}: {name} (shared_files) is not in this checkout")
+                (staged / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(matrix.root / name, staged / name)
+            staged = staged / package.source_dir
         shutil.copytree(source, staged, ignore=_package_ignore(source))
     readme = _readme_of(staged / "pyproject.toml") if (staged / "pyproject.toml").is_file() else None
     if readme and not (staged / readme).exists():
@@ -671,13 +687,16 @@ def compile_wheel(
     return wheels[0]
 
 
-def _tool(name: str, options: BuildOptions, requirements: tuple[str, ...], install: bool) -> Path | None:
-    """A command-line tool from PATH, this interpreter's scripts, or the sagebuild tools venv."""
+def _tool(
+    name: str, options: BuildOptions, requirements: tuple[str, ...], install: bool, platform: str
+) -> Path | None:
+    """A command-line tool from PATH, this interpreter's scripts, or the sagebuild tools venv (one per
+    platform)."""
     scripts = Path(sys.executable).parent
     for candidate in (shutil.which(name), scripts / envs.exe_name(name)):
         if candidate and Path(candidate).is_file():
             return Path(candidate)
-    venv = options.cache / "tools" / f"venv-{envs.current_platform()}"
+    venv = options.cache / "tools" / f"venv-{platform}"
     exe = Path(envs.venv_python(venv)).parent / envs.exe_name(name)
     if exe.is_file():
         return exe
@@ -708,10 +727,15 @@ def repair(
         return wheel
     platform = matrix.platform(target.platform)
     tools = matrix.tools.get(target.platform, ())
-    if target.platform == "linux":
-        auditwheel = _tool("auditwheel", options, tools, install=options.repair == "yes")
+    if platform.system == "Linux":
+        if not platform.repair_platform:
+            progress.detail(f"platform {platform.name} has no repair_platform: wheel left as built")
+            return wheel
+        auditwheel = _tool("auditwheel", options, tools, options.repair == "yes", target.platform)
         if auditwheel is None:
-            progress.detail("auditwheel not found: wheel left as linux_x86_64 (--repair installs it)")
+            progress.detail(
+                f"auditwheel not found: wheel left as {target.wheel_platform} (--repair installs it)"
+            )
             return wheel
         out = work / "repaired"
         if out.exists():
@@ -732,9 +756,9 @@ def repair(
                     f"auditwheel could not make a {platform.repair_platform} wheel:\n{why}\n"
                     "A wheel for that policy must be compiled against its glibc and libstdc++: build in the "
                     "manylinux builder image (docker buildx bake, see docs/building.md) or CI, or pass "
-                    "--no-repair to keep the linux_x86_64 wheel for this machine."
+                    f"--no-repair to keep the {target.wheel_platform} wheel for this machine."
                 )
-            progress.detail(f"auditwheel failed; keeping the linux_x86_64 wheel:\n{why}")
+            progress.detail(f"auditwheel failed; keeping the {target.wheel_platform} wheel:\n{why}")
             return wheel
         repaired = sorted(out.glob("*.whl"))
         if len(repaired) != 1:
@@ -743,7 +767,7 @@ def repair(
             raise SagebuildError(f"auditwheel dropped the build tag: {repaired[0].name}")
         progress.detail(f"repaired: {repaired[0].name}")
         return repaired[0]
-    delvewheel = _tool("delvewheel", options, tools, install=options.repair == "yes")
+    delvewheel = _tool("delvewheel", options, tools, options.repair == "yes", target.platform)
     if delvewheel is None:
         progress.detail("delvewheel not found: DLL dependencies not checked (--repair installs it)")
         return wheel
@@ -765,9 +789,11 @@ def build(matrix: Matrix, options: BuildOptions) -> Path:
     package = matrix.package(target.package if target else options.package)
     if target is None and package.naming == "local-version":
         raise SagebuildError(f"{package.name} has no pure-Python build; give a CUDA target")
-    if target is not None and target.platform != envs.current_platform():
+    here = envs.current_platform(matrix.wheel_platforms())
+    if target is not None and target.platform != here:
         raise SagebuildError(
-            f"{target.id} is a {target.platform} build; this machine builds {envs.current_platform()} wheels"
+            f"{target.id} is a {target.platform} build; this machine ({envs.machine_platform_tag()}) "
+            f"builds {here} wheels"
         )
     check_torch_source(matrix, target, options)
     version = target.python if target else f"{sys.version_info[0]}.{sys.version_info[1]}"

@@ -91,9 +91,10 @@ class ToolkitPlan:
 
 
 def toolkit_plan(matrix: Matrix, target: Target) -> ToolkitPlan:
-    """pip packages where sagebuild can assemble a toolkit from them (Linux, CUDA 13), else the
-    installer: CUDA 12 has no nvcc on the package index, and Windows always uses the installer, which
-    also registers the MSVC integration."""
+    """pip packages where sagebuild can assemble a toolkit from them (Linux, CUDA 13, a platform
+    whose wheels the packages have: ``pip: platforms``), else the installer: CUDA 12 has no nvcc on
+    the package index, and Windows always uses the installer, which also registers the MSVC
+    integration."""
     release = toolkit_release(matrix, target.cuda)
     cuda = matrix.cuda_release(target.cuda)
     if matrix.platform(target.platform).system == "Windows":
@@ -101,8 +102,12 @@ def toolkit_plan(matrix: Matrix, target: Target) -> ToolkitPlan:
         return ToolkitPlan(
             "installer", release, "network", packages, "Windows: the CUDA installer with MSVC integration"
         )
+    reason = None
     if cuda.pip.unusable:
         reason = "no nvcc on the package index for CUDA " + target.cuda
+    elif not cuda.pip.serves(target.platform):
+        reason = f"no CUDA {target.cuda} toolkit packages for {target.platform} on the package index"
+    if reason:
         return ToolkitPlan("installer", release, "network", _LINUX_APT_PACKAGES, reason)
     return ToolkitPlan("pip", release, "network", (), "sagebuild installs the pip toolkit packages")
 

@@ -121,6 +121,8 @@ def config_for(matrix: Matrix, targets: Sequence[Target], index_url: str | None 
         "TORCH_CUDA_ARCH_LIST": first.arch_list,
         "CUDA_HOME": "$CUDA_PATH" if windows else f"/usr/local/cuda-{first.cuda}",
     }
+    if package.abi3 is not None:  # the wheel kind setup.py builds, as `sagebuild build` passes it
+        environment["SAGEATTENTION_WHEEL"] = "abi3" if first.naming == "abi3" else "pinned"
     prefix = ""
     if first.local_version:
         # setuptools reads the local version from this file (sagebuild build does the same). The build

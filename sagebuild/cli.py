@@ -147,7 +147,7 @@ def _targets_for_build(args: argparse.Namespace, matrix: Matrix) -> list[Target 
             )  # fmt: skip
         return [target]
     if args.profile:
-        platform = envs.current_platform()
+        platform = envs.current_platform(matrix.wheel_platforms())
         targets = matrix.profile_targets(args.profile, platform=platform, package=args.package)
         if not targets:
             raise UsageError(
@@ -202,7 +202,9 @@ def cmd_build(args: argparse.Namespace) -> int:
             )
         )
     for options in every:  # every build of a profile, before the first installs anything
-        if options.target is not None and options.target.platform == envs.current_platform():
+        if options.target is not None and options.target.platform == envs.current_platform(
+            matrix.wheel_platforms()
+        ):
             check_torch_source(matrix, options.target, options)
     built = [build(matrix, options) for options in every]
     if len(built) > 1:
@@ -271,7 +273,7 @@ def cmd_which(args: argparse.Namespace) -> int:
 
     matrix = _load(args)
     _check_platform(matrix, args.platform)
-    env = current_env()
+    env = current_env(matrix)
     if args.torch or args.cuda or args.python or args.platform:
         env = EnvInfo(
             python=args.python or env.python,

@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -29,13 +30,17 @@ def is_windows(system: str | None = None) -> bool:
     return (system or sys.platform).lower() in ("win32", "windows", "nt")
 
 
-def current_platform() -> str | None:
-    """Our platform name for this machine (``linux``/``windows``), None elsewhere (macOS)."""
-    if sys.platform.startswith("linux"):
-        return "linux"
-    if sys.platform == "win32":
-        return "windows"
-    return None
+def machine_platform_tag() -> str:
+    """The wheel platform tag of this interpreter as built: ``linux_x86_64``, ``linux_aarch64``,
+    ``win_amd64`` (macOS: ``macosx_14_0_arm64``)."""
+    return sysconfig.get_platform().replace("-", "_").replace(".", "_")
+
+
+def current_platform(wheel_platforms: Mapping[str, str]) -> str | None:
+    """Our platform name for this machine: the one of ``wheel_platforms`` (name -> wheel tag, the
+    matrix's platforms) whose tag is this interpreter's; None where none is (macOS)."""
+    tag = machine_platform_tag()
+    return next((name for name, wheel in wheel_platforms.items() if wheel == tag), None)
 
 
 def pure_path(path: str | PurePath, windows: bool | None = None) -> PurePath:

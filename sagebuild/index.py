@@ -183,7 +183,8 @@ class EnvInfo:
     torch_cuda: str | None
 
 
-def current_env() -> EnvInfo:
+def current_env(matrix: Matrix) -> EnvInfo:
+    """This environment: its Python, the matrix's platform of this machine, torch and torch's CUDA."""
     torch_version = torch_cuda = None
     try:
         import torch  # noqa: PLC0415
@@ -193,7 +194,10 @@ def current_env() -> EnvInfo:
     except ImportError:
         pass
     return EnvInfo(
-        f"{sys.version_info[0]}.{sys.version_info[1]}", envs.current_platform(), torch_version, torch_cuda
+        f"{sys.version_info[0]}.{sys.version_info[1]}",
+        envs.current_platform(matrix.wheel_platforms()),
+        torch_version,
+        torch_cuda,
     )
 
 

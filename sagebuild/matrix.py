@@ -43,6 +43,55 @@ def _join(items: Iterable[str]) -> str:
     return ", ".join(items) if items else "(none)"
 
 
+_COMBO_KEYS = ("torch", "cuda", "python")
+
+
+def _explain(raw_notes: Iterable[dict], dropped: list, with_sets: bool = False) -> list[dict[str, Any]]:
+    """``left_out`` notes (``{torch/cuda/python: which, why}``, keys left out match all), each with the
+    dropped combinations it explains. ``dropped``: (set, (torch, cuda, python), why it is dropped).
+    ``combos`` holds (torch, cuda, python), or with ``with_sets`` (set, (torch, cuda, python))."""
+    notes = []
+    for raw in raw_notes:
+        keys = {k: _listify(raw.get(k)) for k in _COMBO_KEYS}
+        hits = [
+            (name, combo, fact)
+            for name, combo, fact in dropped
+            if all(not keys[k] or combo[i] in keys[k] for i, k in enumerate(_COMBO_KEYS))
+        ]
+        note = {
+            **keys,
+            "why": " ".join(str(raw.get("why") or "").split()),
+            "combos": [(name, combo) if with_sets else combo for name, combo, _ in hits],
+            "facts": list(dict.fromkeys(fact for _, _, fact in hits)),
+            "hits": hits,  # (set, combo, fact)
+        }
+        if with_sets:
+            note["sets"] = list(dict.fromkeys(name for name, _, _ in hits))
+        notes.append(note)
+    return notes
+
+
+def _check_notes(
+    where: str, drops: str, notes: list[dict], dropped: list, fix: str, errors: list[str]
+) -> None:
+    """Every note gives a why and explains something; every dropped (set, combo, fact) has a note."""
+    explained = {(name, combo) for note in notes for name, combo, _ in note["hits"]}
+    for note in notes:
+        label = ", ".join(f"{k} {'/'.join(note[k])}" for k in _COMBO_KEYS if note[k]) or "everything"
+        if not note["why"]:
+            errors.append(f"{where}: the left_out note for {label} gives no why")
+        if not note["combos"]:
+            errors.append(
+                f"{where}: the left_out note for {label} matches no combination that {drops} (a stale note?)"
+            )
+    for name, (torch, cuda, python), fact in dropped:
+        if (name, (torch, cuda, python)) not in explained:
+            errors.append(
+                f"set {name}: {drops} torch {torch} + CUDA {cuda} + Python {python} ({fact}); {fix} "
+                "(BUILD_MATRIX.md shows it)"
+            )
+
+
 # ----------------------------------------------------------------------------------------------------
 # Architectures
 
@@ -125,6 +174,14 @@ class Platform:
     runner: str
     docker_platform: str | None = None  # Linux: the platform Docker Bake builds for (linux/amd64)
     manylinux_image: str | None = None  # Linux: the manylinux image of repair_platform (Docker Bake)
+    #: Notes on the combinations the sets list that PyTorch publishes no build of for this platform
+    #: (``{torch/cuda/python: which, why: ...}``, as a set's ``left_out``).
+    left_out: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def machine(self) -> str:
+        """The CPU of the wheel tag: linux_aarch64 -> aarch64, win_amd64 -> amd64."""
+        return self.wheel_platform.partition("_")[2]
 
 
 @dataclass(frozen=True)
@@ -135,10 +192,15 @@ class PipToolkit:
     cuobjdump: tuple[str, ...]
     roots: tuple[str, ...]
     unusable: str | None
+    platforms: tuple[str, ...] | None = None  # whose wheels the package index has (None: every one)
 
     @property
     def compiler_packages(self) -> tuple[str, ...]:
         return self.nvcc + self.cudart + self.headers
+
+    def serves(self, platform: str) -> bool:
+        """Whether the package index has these packages' wheels for ``platform``."""
+        return self.platforms is None or platform in self.platforms
 
 
 @dataclass(frozen=True)
@@ -163,6 +225,14 @@ class TorchRelease:
     python: tuple[str, ...]
     registry_cuda: dict[str, str | None]
     source: str
+    #: The CUDA builds on a platform that has fewer of them than ``cuda`` (a platform not named has all).
+    platform_cuda: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def cuda_on(self, platform: str | None) -> tuple[str, ...]:
+        """The CUDA builds of this release for ``platform`` (None: every build of any platform)."""
+        if platform is None or platform not in self.platform_cuda:
+            return self.cuda
+        return self.platform_cuda[platform]
 
 
 @dataclass(frozen=True)
@@ -220,6 +290,8 @@ class Package:
     extensions: tuple[Extension, ...]
     binding: str = "torch-cpp"
     abi3: dict[str, str] | None = None  # torch_floor, python_floor, default_line (c-abi packages)
+    # files of the repository outside source_dir that the build takes (staged at their repository paths)
+    shared_files: tuple[str, ...] = ()
 
     @property
     def torch_independent(self) -> bool:
@@ -445,6 +517,7 @@ class Matrix:
                     runner=spec.get("runner", ""),
                     docker_platform=spec.get("docker_platform"),
                     manylinux_image=spec.get("manylinux_image"),
+                    left_out=tuple(dict(n) for n in spec.get("left_out") or []),
                 )
             except (KeyError, TypeError) as exc:
                 errors.append(f"platform {name}: missing field {exc}")
@@ -475,6 +548,7 @@ class Matrix:
                     cuobjdump=tuple(_listify(pip.get("cuobjdump"))),
                     roots=tuple(_listify(pip.get("roots"))),
                     unusable=pip.get("unusable"),
+                    platforms=tuple(_listify(pip["platforms"])) if "platforms" in pip else None,
                 ),
             )
         return dict(sorted(out.items(), key=lambda kv: _vkey(kv[0])))
@@ -498,6 +572,10 @@ class Matrix:
                     for k, v in (spec.get("registry_cuda") or {}).items()
                 },
                 source=str(spec.get("source", "")),
+                platform_cuda={
+                    str(k): tuple(sorted(_listify(v), key=_vkey))
+                    for k, v in (spec.get("platform_cuda") or {}).items()
+                },
             )
         return dict(sorted(out.items(), key=lambda kv: _vkey(kv[0])))
 
@@ -554,6 +632,7 @@ class Matrix:
                 extensions=tuple(extensions),
                 binding=binding,
                 abi3=abi3,
+                shared_files=tuple(_listify(spec.get("shared_files"))),
             )
         return out
 
@@ -603,9 +682,23 @@ class Matrix:
                         f"PyTorch {version} lists CUDA {cuda}, which has no entry under cuda: "
                         f"(known: {_join(self.cuda)})"
                     )
-            for platform in release.registry_cuda:
-                if platform not in self.platforms:
-                    errors.append(f"PyTorch {version}: registry_cuda names unknown platform {platform!r}")
+            for key in ("registry_cuda", "platform_cuda"):  # both keyed by platform
+                unknown = [p for p in getattr(release, key) if p not in self.platforms]
+                errors += [f"PyTorch {version}: {key} names unknown platform {p!r}" for p in unknown]
+            for platform, served in release.registry_cuda.items():
+                there = release.cuda_on(platform)
+                if served is not None and served not in there:
+                    errors.append(
+                        f"PyTorch {version}: registry_cuda says the plain index serves CUDA {served} on "
+                        f"{platform}, which is not one of its CUDA builds there ({_join(there)})"
+                    )
+            for platform, builds in release.platform_cuda.items():
+                extra = [c for c in builds if c not in release.cuda]
+                if extra:
+                    errors.append(
+                        f"PyTorch {version}: platform_cuda gives {platform} CUDA {_join(extra)}, which is "
+                        f"not among its CUDA builds ({_join(release.cuda)}): list it under cuda: too"
+                    )
             for python in release.python:
                 if not re.match(r"^3\.\d{1,2}$", python):
                     errors.append(f"PyTorch {version}: Python {python!r} must be 3.X (quote it in YAML)")
@@ -621,9 +714,17 @@ class Matrix:
                     errors.append(f"package {package.name}, extension {ext.name}: bad archs filter ({exc})")
             if package.min_torch and package.min_torch not in self.torch:
                 errors.append(f"package {package.name}: min_torch {package.min_torch} is not a known release")
+        for version, release in self.cuda.items():
+            for platform in release.pip.platforms or ():
+                if platform not in self.platforms:
+                    errors.append(f"CUDA {version}: pip.platforms names unknown platform {platform!r}")
         for name, spec in self.sets.items():
             if spec.get("package") not in self.packages:
                 errors.append(f"set {name}: unknown package {spec.get('package')!r}")
+            for entry in spec.get("builds") or []:
+                for platform in _listify(entry.get("platforms")):
+                    if platform not in self.platforms:
+                        errors.append(f"set {name}: a build entry names unknown platform {platform!r}")
         for profile in self.profiles.values():
             if profile.set not in self.sets:
                 errors.append(
@@ -643,6 +744,10 @@ class Matrix:
                 self._check_left_out(name, errors)
             except MatrixError as exc:
                 errors.append(f"set {name}: {exc}")
+        if errors:
+            return
+        for platform in self.platforms:
+            self._check_platform_left_out(platform, errors)
         seen: dict[str, str] = {}
         for profile in self.profiles.values():
             try:
@@ -828,10 +933,12 @@ class Matrix:
 
     # -- combinations and targets ---------------------------------------------------------------------
 
-    def check_combo(self, package: str, platform: str, torch: str, cuda: str, python: str) -> None:
-        """Raise MatrixError saying why the combination is invalid and what would be valid."""
+    def check_combo(self, package: str, platform: str | None, torch: str, cuda: str, python: str) -> None:
+        """Raise MatrixError saying why the combination is invalid and what would be valid (for
+        ``platform``; None: on any platform)."""
         pkg = self.package(package)
-        self.platform(platform)
+        if platform is not None:
+            self.platform(platform)
         release = self.torch_release(torch)
         if cuda not in release.cuda:
             raise MatrixError(
@@ -845,6 +952,12 @@ class Matrix:
             )
         if pkg.min_torch and _vkey(torch) < _vkey(pkg.min_torch):
             raise MatrixError(f"{package} needs PyTorch >= {pkg.min_torch}; got {torch}")
+        there = release.cuda_on(platform)
+        if cuda not in there:
+            raise MatrixError(
+                f"PyTorch {torch} has no CUDA {cuda} build for {platform}; there it ships CUDA "
+                f"{_join(there)} (platform_cuda in {self.source})"
+            )
 
     def make_target(
         self,
@@ -914,53 +1027,30 @@ class Matrix:
         ``{"torch": [...], "cuda": [...], "python": [...], "why": str, "combos": [(t, c, p), ...],
         "facts": [why only_shipped drops each]}``. Every combination only_shipped drops must have a
         note (checked by validation): nothing leaves a set without a word."""
-        notes = []
-        dropped = self.set_dropped(name)
-        for raw in self.sets[name].get("left_out") or []:
-            keys = {k: _listify(raw.get(k)) for k in ("torch", "cuda", "python")}
-            hits = [
-                (combo, fact)
-                for combo, fact in dropped
-                if all(not keys[k] or combo[i] in keys[k] for i, k in enumerate(("torch", "cuda", "python")))
-            ]
-            notes.append(
-                {
-                    **keys,
-                    "why": " ".join(str(raw.get("why") or "").split()),
-                    "combos": [c for c, _ in hits],
-                    "facts": list(dict.fromkeys(f for _, f in hits)),
-                }
-            )
-        return notes
+        dropped = [(name, combo, fact) for combo, fact in self.set_dropped(name)]
+        return _explain(self.sets[name].get("left_out") or [], dropped)
 
     def _check_left_out(self, name: str, errors: list[str]) -> None:
-        notes = self.left_out(name)
-        explained = {c for n in notes for c in n["combos"]}
-        for note in notes:
-            label = ", ".join(f"{k} {'/'.join(note[k])}" for k in ("torch", "cuda", "python") if note[k])
-            if not note["why"]:
-                errors.append(f"set {name}: the left_out note for {label or 'everything'} gives no why")
-            if not note["combos"]:
-                errors.append(
-                    f"set {name}: the left_out note for {label or 'everything'} matches no combination "
-                    "that only_shipped leaves out (a stale note?)"
-                )
-        for (torch, cuda, python), fact in self.set_dropped(name):
-            if (torch, cuda, python) not in explained:
-                errors.append(
-                    f"set {name}: only_shipped leaves out torch {torch} + CUDA {cuda} + Python {python} "
-                    f"({fact}); add a left_out note saying why (BUILD_MATRIX.md shows it)"
-                )
+        _check_notes(
+            f"set {name}", "only_shipped leaves out", self.left_out(name),
+            [(name, combo, fact) for combo, fact in self.set_dropped(name)],
+            "add a left_out note saying why", errors,
+        )  # fmt: skip
 
-    def set_combos(self, name: str) -> list[tuple[str, str, str]]:
-        """(torch, cuda, python) combinations of a build set, each checked."""
+    def _entry_combos(self, name: str, platform: str | None):
+        """(torch, cuda, python) of a set's entries that apply to ``platform`` (None: every entry), as
+        the releases ship them (``only_shipped``) or checked (without it), not yet narrowed to what
+        ``platform`` has."""
         if name not in self.sets:
             raise MatrixError(f"unknown set {name!r}; known: {_join(self.sets)}")
         spec = self.sets[name]
-        package = spec["package"]
         only_shipped = bool(spec.get("only_shipped"))
-        combos = []
         for entry in spec.get("builds") or []:
+            only = _listify(entry.get("platforms"))
+            for plat in only:
+                self.platform(plat)
+            if platform is not None and only and platform not in only:
+                continue
             for torch in _listify(entry.get("torch")):
                 release = self.torch_release(torch)
                 for cuda in _listify(entry.get("cuda")):
@@ -969,8 +1059,55 @@ class Matrix:
                     for python in _listify(entry.get("python")):
                         if only_shipped and python not in release.python:
                             continue
-                        self.check_combo(package, next(iter(self.platforms)), torch, cuda, python)
-                        combos.append((torch, cuda, python))
+                        self.check_combo(spec["package"], None, torch, cuda, python)
+                        yield torch, cuda, python
+
+    def platform_dropped(self, name: str, platform: str) -> list[tuple[tuple[str, str, str], str]]:
+        """The combinations of a set that its torch release ships, but not for ``platform`` (PyTorch
+        publishes fewer CUDA builds there: ``platform_cuda``), each with why."""
+        dropped = []
+        for torch, cuda, python in self._entry_combos(name, platform):
+            there = self.torch[torch].cuda_on(platform)
+            if cuda not in there:
+                fact = (
+                    f"PyTorch {torch} has no CUDA {cuda} build for {platform} (it ships {_join(there)} there)"
+                )
+                dropped.append(((torch, cuda, python), fact))
+        return dropped
+
+    def _sets_on(self, platform: str) -> list[str]:
+        """The sets that a profile builds for ``platform``."""
+        names = [p.set for p in self.profiles.values() if not p.platforms or platform in p.platforms]
+        return [n for n in dict.fromkeys(names) if n in self.sets]
+
+    def _platform_drops(self, platform: str) -> list:
+        """(set, combo, why) of every set a profile builds for ``platform`` that it lacks."""
+        return [
+            (name, combo, fact)
+            for name in self._sets_on(platform)
+            for combo, fact in self.platform_dropped(name, platform)
+        ]
+
+    def platform_left_out(self, platform: str) -> list[dict[str, Any]]:
+        """A platform's ``left_out`` notes, each with what it explains: as ``left_out`` of a set, plus
+        ``"sets"`` (the sets it explains combinations of) and ``"combos"`` as (set, (t, c, p)) pairs.
+        Every combination a set lists that the platform lacks must have a note (validation)."""
+        return _explain(self.platform(platform).left_out, self._platform_drops(platform), with_sets=True)
+
+    def _check_platform_left_out(self, platform: str, errors: list[str]) -> None:
+        dropped = self._platform_drops(platform)
+        _check_notes(
+            f"platform {platform}", f"{platform} lacks", self.platform_left_out(platform), dropped,
+            f"add a left_out note under platforms.{platform} saying why", errors,
+        )  # fmt: skip
+
+    def set_combos(self, name: str, platform: str | None = None) -> list[tuple[str, str, str]]:
+        """(torch, cuda, python) combinations of a build set, each checked; for ``platform``, those of
+        its entries for that platform that the torch release has a build of there."""
+        combos = []
+        for torch, cuda, python in self._entry_combos(name, platform):
+            if platform is None or cuda in self.torch[torch].cuda_on(platform):
+                combos.append((torch, cuda, python))
         return combos
 
     def profile_targets(
@@ -984,7 +1121,24 @@ class Matrix:
             self.package(package)
             if package != set_package:
                 return []
-        combos = self.set_combos(profile.set)
+        platforms = list(profile.platforms or self.platforms)
+        if platform is not None:
+            self.platform(platform)
+            platforms = [p for p in platforms if p == platform]
+        naming = self.sets[profile.set].get("wheel")
+        targets = []
+        for plat in platforms:  # each platform has the combinations PyTorch publishes there
+            for torch, cuda, python in self._profile_combos(profile, plat):
+                targets.append(
+                    self.make_target(
+                        set_package, plat, torch, cuda, python, list(profile.archs) or None, naming
+                    )
+                )
+        return targets
+
+    def _profile_combos(self, profile: Profile, platform: str) -> list[tuple[str, str, str]]:
+        """The (torch, cuda, python) combinations ``profile`` keeps of its set for ``platform``."""
+        combos = self.set_combos(profile.set, platform)
         if profile.torch:
             combos = [c for c in combos if c[0] in profile.torch]
         if profile.cuda:
@@ -998,20 +1152,7 @@ class Matrix:
                 if key not in newest or _vkey(python) > _vkey(newest[key]):
                     newest[key] = python
             combos = [c for c in combos if newest[(c[0], c[1])] == c[2]]
-        platforms = list(profile.platforms or self.platforms)
-        if platform is not None:
-            self.platform(platform)
-            platforms = [p for p in platforms if p == platform]
-        naming = self.sets[profile.set].get("wheel")
-        targets = []
-        for plat in platforms:
-            for torch, cuda, python in combos:
-                targets.append(
-                    self.make_target(
-                        set_package, plat, torch, cuda, python, list(profile.archs) or None, naming
-                    )
-                )
-        return targets
+        return combos
 
     def all_targets(self, package: str | None = None) -> list[Target]:
         """Every valid combination with the default archs (used to look up build ids)."""
@@ -1055,9 +1196,10 @@ class Matrix:
         )
 
     def newest_torch_for(self, cuda: str, python: str, platform: str) -> str | None:
+        """The newest release with a ``cuda`` build for ``python`` on ``platform``."""
         for version in reversed(list(self.torch)):
             release = self.torch[version]
-            if cuda in release.cuda and python in release.python:
+            if cuda in release.cuda_on(platform) and python in release.python:
                 return version
         return None
 

@@ -20,7 +20,10 @@ from .errors import TagError
 LOCAL_VERSION_RE = re.compile(r"^cu(?P<cuda>\d+)torch(?P<torch>\d+\.\d+\.\d+)$")
 BUILD_TAG_RE = re.compile(r"^(?P<torch>\d+)\.(?P<cuda>\d+)$")
 PYTHON_TAG_RE = re.compile(r"^cp3(?P<minor>\d{1,2})$")
-MANYLINUX_RE = re.compile(r"^(manylinux_\d+_\d+|manylinux2014|manylinux2010|manylinux1|linux)_x86_64$")
+#: A Linux platform tag, as built (linux_aarch64) or repaired (manylinux_2_28_aarch64): its CPU.
+MANYLINUX_RE = re.compile(
+    r"^(?:manylinux_\d+_\d+|manylinux2014|manylinux2010|manylinux1|linux)_(?P<arch>\w+)$"
+)
 
 
 def release_parts(version: str, count: int) -> tuple[int, ...]:
@@ -211,12 +214,17 @@ def _parse_abi3(
 
 
 def platform_of_tag(tag: str, wheel_platforms: dict[str, str]) -> str | None:
-    """Which of our platforms a wheel platform tag belongs to (``manylinux_2_28_x86_64`` -> linux)."""
+    """Which of our platforms a wheel platform tag belongs to: the one with that wheel tag, or for a
+    manylinux tag the one whose wheel tag is ``linux_`` with the same CPU (``manylinux_2_28_x86_64``
+    -> linux, ``manylinux_2_28_aarch64`` -> the platform of ``linux_aarch64``)."""
     for name, wheel_platform in wheel_platforms.items():
         if tag == wheel_platform:
             return name
-    if MANYLINUX_RE.match(tag) and "linux" in wheel_platforms:
-        return "linux"
+    match = MANYLINUX_RE.match(tag)
+    if match:
+        for name, wheel_platform in wheel_platforms.items():
+            if wheel_platform == f"linux_{match.group('arch')}":
+                return name
     return None
 
 
@@ -314,7 +322,7 @@ def parse_wheel_name(
     if None in platform_names or len(platform_names) != 1:
         raise TagError(
             f"{filename}: platform tag {'.'.join(sorted(platforms))} is not one of ours "
-            f"({', '.join(wheel_platforms.values())} or manylinux_*_x86_64)"
+            f"({', '.join(wheel_platforms.values())}, or a manylinux tag of a linux_* one)"
         )
     (platform,) = platform_names
     platform_tag = ".".join(sorted(platforms))

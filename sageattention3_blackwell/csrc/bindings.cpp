@@ -1,240 +1,279 @@
-// The one translation unit of sageattn3 that includes torch: op schemas, argument checks and the
-// calls into the plain C++ launchers of the .cu files (sage3_kernels.h). Importing the module runs
-// the registrations; it holds no Python functions.
-#include <ATen/ATen.h>
-#include <Python.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
+// The one translation unit of sageattn3 that talks to the framework, through the plain C ABI that
+// sageattention's modules export too (sage_cabi.h: descriptors, errors, the op signature, the version
+// exports): no torch header, no libtorch symbol, so one compiled module serves every PyTorch from the
+// wheel's floor on. sageattn3/ops.py loads it with ctypes, defines the torch ops around it and allocates
+// their outputs in the shapes it gives; the checks of the launchers' inputs and of those outputs live
+// here, next to the calls into the plain C++ launchers of the .cu files (sage3_kernels.h), which run on
+// the stream the caller passes (its current one).
+//
+// Each op returns 0, or 1 with sage_last_error() naming the argument that was wrong and what would be
+// valid.
 
-#include <optional>
-#include <tuple>
-#include <utility>
+#include <cuda_runtime.h>
 
 #include "sage3_kernels.h"
+#include "sage_cabi.h"
 
-#define SAGE3_CONCAT_(a, b) a##b
-#define SAGE3_CONCAT(a, b) SAGE3_CONCAT_(a, b)
-#define SAGE3_STR_(a) #a
-#define SAGE3_STR(a) SAGE3_STR_(a)
-
-PyMODINIT_FUNC SAGE3_CONCAT(PyInit_, TORCH_EXTENSION_NAME)(void) {
-  static PyModuleDef def = {PyModuleDef_HEAD_INIT, SAGE3_STR(TORCH_EXTENSION_NAME), nullptr, -1, nullptr};
-  return PyModule_Create(&def);
-}
+SAGE_PYTHON_MODULE(TORCH_EXTENSION_NAME)
 
 namespace {
 
-void check_cuda(cudaError_t err, const char* what) {
-  TORCH_CHECK(err == cudaSuccess, what, " failed: ", cudaGetErrorString(err));
+// Rows (tokens) per float32 block scale, the only block the kernels are built for.
+constexpr int64_t kBlock = 128;
+// The most blocks a launch grid has along y and z.
+constexpr int64_t kMaxGridYZ = 65535;
+
+constexpr int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+// Printable list of sizes, for messages: [1, 8, 256, 64].
+struct Shape {
+  std::initializer_list<int64_t> sizes;
+};
+std::ostream& operator<<(std::ostream& os, Shape s) {
+  os << "[";
+  const char* sep = "";
+  for (const int64_t n : s.sizes) {
+    os << sep << n;
+    sep = ", ";
+  }
+  return os << "]";
 }
 
-// x: [B, H, N, D] float16/bfloat16 (last dim contiguous) -> (codes, scales as uint8, block scales, mean).
-// mode: 0 none, 1 subtract `mean` [B, H, D], 2 per-block mean (returned; otherwise an empty tensor).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quant_nvfp4_rows(const at::Tensor& x, int64_t block,
-                                                                             int64_t mode,
-                                                                             const std::optional<at::Tensor>& mean) {
-  TORCH_CHECK(x.is_cuda() && x.dim() == 4, "x must be a 4-D CUDA tensor [B, H, N, D]");
-  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "x must be float16 or bfloat16");
-  TORCH_CHECK(x.stride(3) == 1, "x must have a contiguous last dimension");
-  TORCH_CHECK(x.size(3) == 64 || x.size(3) == 128, "x: head dim must be 64 or 128, got ", x.size(3));
-  TORCH_CHECK(block == 128, "block must be 128");
-  TORCH_CHECK(mode >= 0 && mode <= 2, "mode must be 0, 1 or 2");
-  const c10::cuda::CUDAGuard guard(x.device());
+// A dense (contiguous) tensor of one element type and shape on `like`'s GPU: an operand the
+// quantization wrote, or an output the caller allocated. `what` names its layout in the message.
+void check_dense(const View& x, const char* name, int64_t dtype, std::initializer_list<int64_t> sizes,
+                 const View& like, const char* what) {
+  if (x.defined() && x.cuda && x.device == like.device && x.dtype == dtype && x.has_sizes(sizes) &&
+      x.contiguous()) {
+    return;
+  }
+  std::ostringstream got;
+  if (x.defined()) {
+    got << DtypeOf{x} << " " << SizesOf{x} << " strides " << StridesOf{x} << " on " << DeviceOf{x};
+  } else {
+    got << "None";
+  }
+  fail(name, " must be a contiguous ", dtype_name(dtype), " tensor ", what, " = ", Shape{sizes}, " on ",
+       DeviceOf{like}, ", got ", got.str());
+}
+
+sage3::InputType input_type(const View& x) {
+  return x.dtype == kF16 ? sage3::InputType::kFloat16 : sage3::InputType::kBFloat16;
+}
+
+// The quantization inputs x (Q, K) and v: [B, H, N, D] with D 64 or 128, sizes the launch grid holds.
+void check_quant_input(const View& x, const char* name) {
+  check_input(x, name);
   const int64_t b = x.size(0), h = x.size(1), n = x.size(2), d = x.size(3);
-  const int64_t n_pad = (n + block - 1) / block * block, nblk = n_pad / block;
-  auto u8 = x.options().dtype(at::kByte);
-  auto f32 = x.options().dtype(at::kFloat);
-  auto codes = at::empty({b, h, n_pad, d / 2}, u8);
-  auto scales = at::empty({b, h, n_pad, d / 16}, u8);
-  auto gs = at::empty({b, h, nblk}, f32);
-  at::Tensor mean_t = at::empty({0}, f32);
-  if (mode == 1) {
-    TORCH_CHECK(mean.has_value(), "mode 1 needs mean");
-    mean_t = mean->contiguous();
-    TORCH_CHECK(mean_t.scalar_type() == at::kFloat && mean_t.numel() == b * h * d && mean_t.device() == x.device(),
-                "mean must be float32 [B, H, D] on x's device");
-  } else if (mode == 2) {
-    mean_t = at::empty({b, h, nblk, d}, f32);
-  }
-  sage3::RowsQuantArgs args{x.data_ptr(),
-                            x.scalar_type() == at::kHalf ? sage3::InputType::kFloat16 : sage3::InputType::kBFloat16,
-                            x.stride(0), x.stride(1), x.stride(2),
-                            static_cast<int>(b), static_cast<int>(h), static_cast<int>(n), static_cast<int>(n_pad),
-                            static_cast<int>(d), static_cast<int>(block), static_cast<sage3::Smoothing>(mode),
-                            mode == 0 ? nullptr : mean_t.data_ptr<float>(), codes.data_ptr<uint8_t>(),
-                            scales.data_ptr<uint8_t>(), gs.data_ptr<float>()};
-  check_cuda(sage3::launch_quant_rows(args, c10::cuda::getCurrentCUDAStream()), "quant_nvfp4_rows");
-  return {codes, scales, gs, mode == 2 ? mean_t : at::empty({0}, f32)};
+  SAGE_CHECK(d == 64 || d == 128, name, ": the head dim D (its last dim) must be 64 or 128, got ", d);
+  SAGE_CHECK(b >= 1 && h >= 1 && n >= 1, name, " must hold at least one batch, head and token, got ", SizesOf{x});
+  SAGE_CHECK(b * h <= kMaxGridYZ, name, ": B * H must be at most ", kMaxGridYZ, " (the launch grid), got ", b * h);
+  SAGE_CHECK(n <= (int64_t{1} << 31) - kBlock, name, ": the sequence length must be below 2^31 - 128, got ", n);
 }
 
-// v: [B, H, N, D] float16/bfloat16 -> V^T (codes [B, H, D, N_pad / 2], scales as uint8 [B, H, D, N_pad / 16],
-// block scales [B, H, N_pad / block]).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> quant_nvfp4_vt(const at::Tensor& v, int64_t block) {
-  TORCH_CHECK(v.is_cuda() && v.dim() == 4, "v must be a 4-D CUDA tensor [B, H, N, D]");
-  TORCH_CHECK(v.scalar_type() == at::kHalf || v.scalar_type() == at::kBFloat16, "v must be float16 or bfloat16");
-  TORCH_CHECK(v.stride(3) == 1, "v must have a contiguous last dimension");
-  TORCH_CHECK(v.size(3) == 64 || v.size(3) == 128, "v: head dim must be 64 or 128, got ", v.size(3));
-  TORCH_CHECK(block == 128, "block must be 128");
-  const c10::cuda::CUDAGuard guard(v.device());
-  const int64_t b = v.size(0), h = v.size(1), n = v.size(2), d = v.size(3);
-  const int64_t n_pad = (n + block - 1) / block * block;
-  auto u8 = v.options().dtype(at::kByte);
-  auto codes = at::empty({b, h, d, n_pad / 2}, u8);
-  auto scales = at::empty({b, h, d, n_pad / 16}, u8);
-  auto gs = at::empty({b, h, n_pad / block}, v.options().dtype(at::kFloat));
-  sage3::VtQuantArgs args{v.data_ptr(),
-                          v.scalar_type() == at::kHalf ? sage3::InputType::kFloat16 : sage3::InputType::kBFloat16,
-                          v.stride(0), v.stride(1), v.stride(2),
-                          static_cast<int>(b), static_cast<int>(h), static_cast<int>(n), static_cast<int>(n_pad),
-                          static_cast<int>(d), static_cast<int>(block), codes.data_ptr<uint8_t>(),
-                          scales.data_ptr<uint8_t>(), gs.data_ptr<float>()};
-  check_cuda(sage3::launch_quant_vt(args, c10::cuda::getCurrentCUDAStream()), "quant_nvfp4_vt");
-  return {codes, scales, gs};
+// Makes `device` current and checks that this module holds code for its GPU (the launchers would return
+// cudaErrorNotSupported); `need` > 0: that family bit exactly (the sm_120a-only MMA test).
+void check_family(int device, const char* op, int need = 0) {
+  const int family = sage3::device_family();
+  if (need ? family == need : family != 0) return;
+  int major = 0, minor = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device), "cudaDeviceGetAttribute");
+  const int built = sage3::compiled_families();
+  fail(op, ": this build of sageattn3._C holds code for", (built & 4) ? " sm_90a" : "", (built & 1) ? " sm_100a" : "",
+       (built & 2) ? " sm_120a" : "", built ? "" : " no GPU", need ? " (this op needs sm_120a)" : "",
+       ", not for the GPU cuda:", device, " (sm_", major, minor, ")");
 }
-
-void check_operand(const at::Tensor& t, const char* name, at::ScalarType type, const at::Tensor& like) {
-  TORCH_CHECK(t.device() == like.device() && t.scalar_type() == type && t.is_contiguous(), name,
-              " must be a contiguous ", c10::toString(type), " tensor on ", like.device());
-}
-
-// NVFP4 attention on the outputs of quant_nvfp4_rows (Q, K) and quant_nvfp4_vt (V). Writes `out`
-// ([B, Hq, Nq, D] view, any strides with a contiguous last dimension, float16/bfloat16) and returns the
-// LSE [B, Hq, Nq] (natural log, without the K-mean term; an empty tensor unless return_lse).
-// mask: None, or [B, Hq, Nq, Nk] (broadcast strides allowed) bool/uint8 (keep where nonzero) or
-// float32 (added to the scores).
-at::Tensor attn_nvfp4(const at::Tensor& q_codes, const at::Tensor& q_scales, const at::Tensor& q_gs,
-                      const at::Tensor& k_codes, const at::Tensor& k_scales, const at::Tensor& k_gs,
-                      const at::Tensor& v_codes, const at::Tensor& v_scales, const at::Tensor& v_gs,
-                      const std::optional<at::Tensor>& corr, const std::optional<at::Tensor>& mask, at::Tensor out,
-                      int64_t nq, int64_t nk, bool is_causal, double qk_scale, bool return_lse) {
-  TORCH_CHECK(q_codes.is_cuda() && q_codes.dim() == 4, "q_codes must be a 4-D CUDA tensor");
-  const int64_t b = q_codes.size(0), hq = q_codes.size(1), nq_pad = q_codes.size(2), d = q_codes.size(3) * 2;
-  const int64_t hkv = k_codes.size(1), nk_pad = k_codes.size(2);
-  TORCH_CHECK(d == 64 || d == 128, "head dim must be 64 or 128, got ", d);
-  const std::pair<const at::Tensor*, const char*> bytes[] = {{&q_codes, "q_codes"}, {&q_scales, "q_scales"},
-                                                             {&k_codes, "k_codes"}, {&k_scales, "k_scales"},
-                                                             {&v_codes, "v_codes"}, {&v_scales, "v_scales"}};
-  for (const auto& [t, name] : bytes) check_operand(*t, name, at::kByte, q_codes);
-  const std::pair<const at::Tensor*, const char*> floats[] = {{&q_gs, "q_gs"}, {&k_gs, "k_gs"}, {&v_gs, "v_gs"}};
-  for (const auto& [t, name] : floats) check_operand(*t, name, at::kFloat, q_codes);
-  TORCH_CHECK(q_scales.sizes() == at::IntArrayRef({b, hq, nq_pad, d / 16}), "q_scales: wrong shape");
-  TORCH_CHECK(k_codes.dim() == 4 && k_codes.size(0) == b && k_codes.size(3) == d / 2 && hkv > 0 && hq % hkv == 0,
-              "k_codes must be [B, Hkv, Nk_pad, D / 2] with Hq a multiple of Hkv");
-  TORCH_CHECK(k_scales.sizes() == at::IntArrayRef({b, hkv, nk_pad, d / 16}), "k_scales: wrong shape");
-  TORCH_CHECK(v_codes.sizes() == at::IntArrayRef({b, hkv, d, nk_pad / 2}), "v_codes: wrong shape");
-  TORCH_CHECK(v_scales.sizes() == at::IntArrayRef({b, hkv, d, nk_pad / 16}), "v_scales: wrong shape");
-  TORCH_CHECK(q_gs.numel() == b * hq * (nq_pad / 128) && k_gs.numel() == b * hkv * (nk_pad / 128) &&
-                  v_gs.numel() == b * hkv * (nk_pad / 128),
-              "block scales: wrong sizes");
-  TORCH_CHECK(nq > 0 && nq <= nq_pad && nq_pad % 128 == 0 && nk > 0 && nk <= nk_pad && nk_pad % 128 == 0,
-              "nq, nk must fit the padded operands (padded to multiples of 128)");
-  TORCH_CHECK(out.device() == q_codes.device() && out.dim() == 4 && out.size(0) == b && out.size(1) == hq &&
-                  out.size(2) == nq && out.size(3) == d && out.stride(3) == 1 &&
-                  (out.scalar_type() == at::kHalf || out.scalar_type() == at::kBFloat16),
-              "out must be a float16/bfloat16 [B, Hq, Nq, D] tensor with a contiguous last dimension");
-  TORCH_CHECK(out.stride(2) % 2 == 0 && out.stride(1) % 2 == 0 && out.stride(0) % 2 == 0 &&
-                  reinterpret_cast<uintptr_t>(out.data_ptr()) % 4 == 0,
-              "out: the kernel stores pairs of channels; strides must be even");
-  at::Tensor corr_t;
-  if (corr.has_value()) {
-    corr_t = *corr;
-    check_operand(corr_t, "corr", at::kFloat, q_codes);
-    TORCH_CHECK(corr_t.numel() == b * hq * (nq_pad / 128) * nk, "corr must be [B, Hq, Nq_pad / 128, Nk]");
-  }
-  sage3::AttnArgs a{};
-  if (mask.has_value()) {
-    const at::Tensor& m = *mask;
-    TORCH_CHECK(m.device() == q_codes.device() && m.dim() == 4 && m.size(0) == b && m.size(1) == hq &&
-                    m.size(2) == nq && m.size(3) == nk,
-                "mask must be [B, Hq, Nq, Nk] (expanded) on q's device");
-    if (m.scalar_type() == at::kBool || m.scalar_type() == at::kByte) {
-      a.mask_kind = sage3::MaskKind::kBool;
-    } else {
-      TORCH_CHECK(m.scalar_type() == at::kFloat, "mask must be bool, uint8 or float32");
-      a.mask_kind = sage3::MaskKind::kAdditive;
-    }
-    a.mask = m.data_ptr();
-    a.mask_stride_b = m.stride(0);
-    a.mask_stride_h = m.stride(1);
-    a.mask_stride_m = m.stride(2);
-    a.mask_stride_n = m.stride(3);
-  }
-  const c10::cuda::CUDAGuard guard(q_codes.device());
-  at::Tensor lse = return_lse ? at::empty({b, hq, nq}, q_gs.options()) : at::empty({0}, q_gs.options());
-  a.q_codes = q_codes.data_ptr<uint8_t>();
-  a.q_scales = q_scales.data_ptr<uint8_t>();
-  a.q_gs = q_gs.data_ptr<float>();
-  a.k_codes = k_codes.data_ptr<uint8_t>();
-  a.k_scales = k_scales.data_ptr<uint8_t>();
-  a.k_gs = k_gs.data_ptr<float>();
-  a.v_codes = v_codes.data_ptr<uint8_t>();
-  a.v_scales = v_scales.data_ptr<uint8_t>();
-  a.v_gs = v_gs.data_ptr<float>();
-  a.corr = corr.has_value() ? corr_t.data_ptr<float>() : nullptr;
-  a.out = out.data_ptr();
-  a.out_type = out.scalar_type() == at::kHalf ? sage3::InputType::kFloat16 : sage3::InputType::kBFloat16;
-  a.out_stride_b = out.stride(0);
-  a.out_stride_h = out.stride(1);
-  a.out_stride_n = out.stride(2);
-  a.lse = return_lse ? lse.data_ptr<float>() : nullptr;
-  a.b = static_cast<int>(b);
-  a.hq = static_cast<int>(hq);
-  a.hkv = static_cast<int>(hkv);
-  a.nq = static_cast<int>(nq);
-  a.nk = static_cast<int>(nk);
-  a.nq_pad = static_cast<int>(nq_pad);
-  a.nk_pad = static_cast<int>(nk_pad);
-  a.d = static_cast<int>(d);
-  a.qk_scale = static_cast<float>(qk_scale);
-  a.causal = is_causal;
-  check_cuda(sage3::launch_attention(a, c10::cuda::getCurrentCUDAStream()), "attn_nvfp4");
-  return lse;
-}
-
-at::Tensor mma_nvfp4_smoke(const at::Tensor& a_codes, const at::Tensor& a_scales, const at::Tensor& b_codes,
-                           const at::Tensor& b_scales) {
-  const auto check = [](const at::Tensor& t, const char* name, int64_t rows, int64_t cols) {
-    TORCH_CHECK(t.is_cuda() && t.scalar_type() == at::kByte && t.is_contiguous() && t.dim() == 2 &&
-                    t.size(0) == rows && t.size(1) == cols,
-                name, " must be a contiguous uint8 CUDA tensor [", rows, ", ", cols, "]");
-  };
-  check(a_codes, "a_codes", 16, 32);
-  check(a_scales, "a_scales", 16, 4);
-  check(b_codes, "b_codes", 8, 32);
-  check(b_scales, "b_scales", 8, 4);
-  const c10::cuda::CUDAGuard guard(a_codes.device());
-  auto out = at::empty({16, 8}, a_codes.options().dtype(at::kFloat));
-  check_cuda(sage3::launch_mma_smoke(a_codes.data_ptr<uint8_t>(), a_scales.data_ptr<uint8_t>(),
-                                     b_codes.data_ptr<uint8_t>(), b_scales.data_ptr<uint8_t>(), out.data_ptr<float>(),
-                                     c10::cuda::getCurrentCUDAStream()),
-             "mma_nvfp4_smoke");
-  return out;
-}
-
-int64_t compiled_families() { return sage3::compiled_families(); }
-
-// The family bit (1: sm_100a, 2: sm_120a, 4: sm_90a) of the current device if this module can run on it.
-int64_t device_family() { return sage3::device_family(); }
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(sageattn3, m) {
-  m.def("quant_nvfp4_rows(Tensor x, int block, int mode, Tensor? mean) -> (Tensor, Tensor, Tensor, Tensor)");
-  m.def("quant_nvfp4_vt(Tensor v, int block) -> (Tensor, Tensor, Tensor)");
-  m.def(
-      "attn_nvfp4(Tensor q_codes, Tensor q_scales, Tensor q_gs, Tensor k_codes, Tensor k_scales, Tensor k_gs, "
-      "Tensor v_codes, Tensor v_scales, Tensor v_gs, Tensor? corr, Tensor? mask, Tensor(a!) out, int nq, int nk, "
-      "bool is_causal, float qk_scale, bool return_lse) -> Tensor");
-  m.def("mma_nvfp4_smoke(Tensor a_codes, Tensor a_scales, Tensor b_codes, Tensor b_scales) -> Tensor");
-  // No tensor arguments, so nothing to dispatch on: catch-all kernels.
-  m.def("compiled_families() -> int", &compiled_families);
-  m.def("device_family() -> int", &device_family);
+// x [B, H, N, D] float16/bfloat16 (last dim dense) -> NVFP4 codes, E4M3 scales (as uint8) and float32
+// block scales, rows padded to whole blocks. mode 0: no smoothing; 1: subtract `mean` [B, H, D] (K);
+// 2: subtract each block's mean and store it to block_mean [B, H, N_pad / 128, D] (Q).
+// tensors: x, mean? (read in mode 1), codes [B, H, N_pad, D / 2], scales [B, H, N_pad, D / 16],
+// block_scales [B, H, N_pad / 128], block_mean? (exactly in mode 2); ints: block, mode.
+SAGE_OP(quant_nvfp4_rows) {
+  return guarded([&] {
+    SAGE_OP_BODY;
+    const View x = a.tensor(0), mean = a.tensor(1), codes = a.tensor(2), scales = a.tensor(3),
+               block_scales = a.tensor(4), block_mean = a.tensor(5);
+    const int64_t block = a.integer(0), mode = a.integer(1);
+    check_quant_input(x, "x");
+    SAGE_CHECK(block == kBlock, "block must be ", kBlock, " (the kernels' block), got ", block);
+    SAGE_CHECK(mode >= 0 && mode <= 2,
+               "mode must be 0 (no smoothing), 1 (subtract mean) or 2 (per-block mean), got ", mode);
+    const int64_t b = x.size(0), h = x.size(1), n = x.size(2), d = x.size(3);
+    const int64_t n_pad = round_up(n, block), blocks = n_pad / block;
+    if (mode == 1) check_dense(mean, "mean (mode 1)", kF32, {b, h, d}, x, "[B, H, D]");
+    check_dense(codes, "output codes", kU8, {b, h, n_pad, d / 2}, x, "[B, H, N_pad, D / 2]");
+    check_dense(scales, "output scales", kU8, {b, h, n_pad, d / 16}, x, "[B, H, N_pad, D / 16]");
+    check_dense(block_scales, "output block_scales", kF32, {b, h, blocks}, x, "[B, H, N_pad / 128]");
+    SAGE_CHECK(block_mean.defined() == (mode == 2), "output block_mean must be passed exactly in mode 2");
+    if (mode == 2) check_dense(block_mean, "output block_mean", kF32, {b, h, blocks, d}, x, "[B, H, N_pad / 128, D]");
+    const DeviceGuard guard(x.device);
+    check_family(x.device, "quant_nvfp4_rows");
+    const sage3::RowsQuantArgs args{x.data, input_type(x), x.stride(0), x.stride(1), x.stride(2),
+                                    static_cast<int>(b), static_cast<int>(h), static_cast<int>(n),
+                                    static_cast<int>(n_pad), static_cast<int>(d), static_cast<int>(block),
+                                    static_cast<sage3::Smoothing>(mode),
+                                    mode == 1 ? mean.ptr<float>() : mode == 2 ? block_mean.ptr<float>() : nullptr,
+                                    codes.ptr<uint8_t>(), scales.ptr<uint8_t>(), block_scales.ptr<float>()};
+    check_cuda(sage3::launch_quant_rows(args, stream), "quant_nvfp4_rows");
+  });
 }
 
-TORCH_LIBRARY_IMPL(sageattn3, CUDA, m) {
-  m.impl("quant_nvfp4_rows", &quant_nvfp4_rows);
-  m.impl("quant_nvfp4_vt", &quant_nvfp4_vt);
-  m.impl("attn_nvfp4", &attn_nvfp4);
-  m.impl("mma_nvfp4_smoke", &mma_nvfp4_smoke);
+// v [B, H, N, D] float16/bfloat16 -> Vᵀ as NVFP4 along the tokens. tensors: v, codes [B, H, D, N_pad / 2],
+// scales [B, H, D, N_pad / 16], block_scales [B, H, N_pad / 128]; ints: block.
+SAGE_OP(quant_nvfp4_vt) {
+  return guarded([&] {
+    SAGE_OP_BODY;
+    const View v = a.tensor(0), codes = a.tensor(1), scales = a.tensor(2), block_scales = a.tensor(3);
+    const int64_t block = a.integer(0);
+    check_quant_input(v, "v");
+    SAGE_CHECK(block == kBlock, "block must be ", kBlock, " (the kernels' block), got ", block);
+    const int64_t b = v.size(0), h = v.size(1), n = v.size(2), d = v.size(3);
+    const int64_t n_pad = round_up(n, block);
+    check_dense(codes, "output codes", kU8, {b, h, d, n_pad / 2}, v, "[B, H, D, N_pad / 2]");
+    check_dense(scales, "output scales", kU8, {b, h, d, n_pad / 16}, v, "[B, H, D, N_pad / 16]");
+    check_dense(block_scales, "output block_scales", kF32, {b, h, n_pad / block}, v, "[B, H, N_pad / 128]");
+    const DeviceGuard guard(v.device);
+    check_family(v.device, "quant_nvfp4_vt");
+    const sage3::VtQuantArgs args{v.data, input_type(v), v.stride(0), v.stride(1), v.stride(2),
+                                  static_cast<int>(b), static_cast<int>(h), static_cast<int>(n),
+                                  static_cast<int>(n_pad), static_cast<int>(d), static_cast<int>(block),
+                                  codes.ptr<uint8_t>(), scales.ptr<uint8_t>(), block_scales.ptr<float>()};
+    check_cuda(sage3::launch_quant_vt(args, stream), "quant_nvfp4_vt");
+  });
+}
+
+// NVFP4 attention on what quant_nvfp4_rows (Q, K) and quant_nvfp4_vt (V) give. Writes out [B, Hq, Nq, D]
+// (any strides with a dense last dimension, float16/bfloat16) and, when lse is passed, the LSE
+// [B, Hq, Nq] float32 (natural log, without the K-mean term). corr: q_mean . (k - k_mean)
+// [B, Hq, Nq_pad / 128, Nk]; mask: [B, Hq, Nq, Nk] by strides (0 on broadcast dims), uint8 (keep
+// where nonzero; a bool mask is passed as its uint8 view) or float32 (added to the scores).
+// tensors: q_codes, q_scales, q_gs, k_codes, k_scales, k_gs, v_codes, v_scales, v_gs, corr?, mask?, out,
+// lse? (exactly with return_lse); ints: nq, nk, is_causal, return_lse; floats: qk_scale.
+SAGE_OP(attn_nvfp4) {
+  return guarded([&] {
+    SAGE_OP_BODY;
+    const View q_codes = a.tensor(0), q_scales = a.tensor(1), q_gs = a.tensor(2), k_codes = a.tensor(3),
+               k_scales = a.tensor(4), k_gs = a.tensor(5), v_codes = a.tensor(6), v_scales = a.tensor(7),
+               v_gs = a.tensor(8), corr = a.tensor(9), mask = a.tensor(10), out = a.tensor(11),
+               lse = a.tensor(12);
+    const int64_t nq = a.integer(0), nk = a.integer(1);
+    const bool is_causal = a.flag(2), return_lse = a.flag(3);
+    SAGE_CHECK(q_codes.defined() && q_codes.cuda && q_codes.dtype == kU8 && q_codes.dim() == 4 && q_codes.contiguous(),
+               "q_codes must be a contiguous uint8 CUDA tensor [B, Hq, Nq_pad, D / 2], got ", DtypeOf{q_codes}, " ",
+               SizesOf{q_codes}, " on ", DeviceOf{q_codes});
+    SAGE_CHECK(k_codes.defined() && k_codes.dim() == 4, "k_codes must be a 4-d tensor [B, Hkv, Nk_pad, D / 2], got ",
+               SizesOf{k_codes});
+    const int64_t b = q_codes.size(0), hq = q_codes.size(1), nq_pad = q_codes.size(2), d = q_codes.size(3) * 2;
+    const int64_t hkv = k_codes.size(1), nk_pad = k_codes.size(2);
+    SAGE_CHECK(d == 64 || d == 128, "q_codes: the head dim D (twice its last dim) must be 64 or 128, got ", d);
+    SAGE_CHECK(nq_pad % kBlock == 0 && nq >= 1 && nq <= nq_pad, "nq must be in [1, Nq_pad] and q_codes' Nq_pad a "
+               "multiple of 128, got nq = ", nq, ", Nq_pad = ", nq_pad);
+    SAGE_CHECK(nk_pad % kBlock == 0 && nk >= 1 && nk <= nk_pad, "nk must be in [1, Nk_pad] and k_codes' Nk_pad a "
+               "multiple of 128, got nk = ", nk, ", Nk_pad = ", nk_pad);
+    SAGE_CHECK(hkv >= 1 && hq % hkv == 0, "the query heads of q_codes (", hq, ") must be a multiple of the KV heads "
+               "of k_codes (", hkv, ")");
+    SAGE_CHECK(b <= kMaxGridYZ && hq <= kMaxGridYZ, "B and Hq must be at most ", kMaxGridYZ, ", got ", b, " and ", hq);
+    SAGE_CHECK(nq_pad < (int64_t{1} << 31) && nk_pad < (int64_t{1} << 31), "Nq_pad and Nk_pad must be below 2^31, got ",
+               nq_pad, " and ", nk_pad);
+    const int64_t q_blocks = nq_pad / kBlock, k_blocks = nk_pad / kBlock;
+    check_dense(q_scales, "q_scales", kU8, {b, hq, nq_pad, d / 16}, q_codes, "[B, Hq, Nq_pad, D / 16]");
+    check_dense(q_gs, "q_gs", kF32, {b, hq, q_blocks}, q_codes, "[B, Hq, Nq_pad / 128]");
+    check_dense(k_codes, "k_codes", kU8, {b, hkv, nk_pad, d / 2}, q_codes, "[B, Hkv, Nk_pad, D / 2]");
+    check_dense(k_scales, "k_scales", kU8, {b, hkv, nk_pad, d / 16}, q_codes, "[B, Hkv, Nk_pad, D / 16]");
+    check_dense(k_gs, "k_gs", kF32, {b, hkv, k_blocks}, q_codes, "[B, Hkv, Nk_pad / 128]");
+    check_dense(v_codes, "v_codes", kU8, {b, hkv, d, nk_pad / 2}, q_codes, "[B, Hkv, D, Nk_pad / 2]");
+    check_dense(v_scales, "v_scales", kU8, {b, hkv, d, nk_pad / 16}, q_codes, "[B, Hkv, D, Nk_pad / 16]");
+    check_dense(v_gs, "v_gs", kF32, {b, hkv, k_blocks}, q_codes, "[B, Hkv, Nk_pad / 128]");
+    if (corr.defined()) check_dense(corr, "corr", kF32, {b, hq, q_blocks, nk}, q_codes, "[B, Hq, Nq_pad / 128, Nk]");
+    SAGE_CHECK(out.defined() && out.cuda && out.device == q_codes.device && is_half(out) &&
+                   out.has_sizes({b, hq, nq, d}) && out.stride(3) == 1,
+               "out must be a float16 or bfloat16 tensor [B, Hq, Nq, D] = ", Shape{{b, hq, nq, d}},
+               " with a dense last dimension on ", DeviceOf{q_codes}, ", got ", DtypeOf{out}, " ", SizesOf{out},
+               " strides ", StridesOf{out}, " on ", DeviceOf{out});
+    SAGE_CHECK(out.stride(0) % 2 == 0 && out.stride(1) % 2 == 0 && out.stride(2) % 2 == 0 &&
+                   reinterpret_cast<uintptr_t>(out.data) % 4 == 0,
+               "out: the kernel stores pairs of channels, so its strides must be even and its base 4-byte aligned, "
+               "got strides ", StridesOf{out});
+    SAGE_CHECK(lse.defined() == return_lse, "output lse must be passed exactly when return_lse is set");
+    if (return_lse) check_dense(lse, "output lse", kF32, {b, hq, nq}, q_codes, "[B, Hq, Nq]");
+    sage3::AttnArgs args{};
+    if (mask.defined()) {
+      SAGE_CHECK(mask.cuda && mask.device == q_codes.device && mask.has_sizes({b, hq, nq, nk}),
+                 "mask must be [B, Hq, Nq, Nk] = ", Shape{{b, hq, nq, nk}}, " (expanded) on ", DeviceOf{q_codes},
+                 ", got ", SizesOf{mask}, " on ", DeviceOf{mask});
+      SAGE_CHECK(mask.dtype == kU8 || mask.dtype == kF32,
+                 "mask must be uint8 or bool (keep where nonzero) or float32 (added to the scores), got ",
+                 DtypeOf{mask});
+      args.mask_kind = mask.dtype == kU8 ? sage3::MaskKind::kBool : sage3::MaskKind::kAdditive;
+      args.mask = mask.data;
+      args.mask_stride_b = mask.stride(0);
+      args.mask_stride_h = mask.stride(1);
+      args.mask_stride_m = mask.stride(2);
+      args.mask_stride_n = mask.stride(3);
+    }
+    args.q_codes = q_codes.ptr<uint8_t>();
+    args.q_scales = q_scales.ptr<uint8_t>();
+    args.q_gs = q_gs.ptr<float>();
+    args.k_codes = k_codes.ptr<uint8_t>();
+    args.k_scales = k_scales.ptr<uint8_t>();
+    args.k_gs = k_gs.ptr<float>();
+    args.v_codes = v_codes.ptr<uint8_t>();
+    args.v_scales = v_scales.ptr<uint8_t>();
+    args.v_gs = v_gs.ptr<float>();
+    args.corr = corr.defined() ? corr.ptr<float>() : nullptr;
+    args.out = out.data;
+    args.out_type = input_type(out);
+    args.out_stride_b = out.stride(0);
+    args.out_stride_h = out.stride(1);
+    args.out_stride_n = out.stride(2);
+    args.lse = return_lse ? lse.ptr<float>() : nullptr;
+    // The sizes, checked above to fit the kernel's ints.
+    const auto narrow = [](int64_t x) { return static_cast<int>(x); };
+    args.b = narrow(b), args.hq = narrow(hq), args.hkv = narrow(hkv), args.d = narrow(d);
+    args.nq = narrow(nq), args.nk = narrow(nk), args.nq_pad = narrow(nq_pad), args.nk_pad = narrow(nk_pad);
+    args.qk_scale = static_cast<float>(a.real(0));
+    args.causal = is_causal;
+    const DeviceGuard guard(q_codes.device);
+    check_family(q_codes.device, "attn_nvfp4");
+    check_cuda(sage3::launch_attention(args, stream), "attn_nvfp4");
+  });
+}
+
+// One 16x8x64 block-scaled FP4 MMA (sm_120a), for the hardware smoke test: out [16, 8] float32 = A . Bᵀ.
+// tensors: a_codes [16, 32], a_scales [16, 4], b_codes [8, 32], b_scales [8, 4] (uint8), out.
+SAGE_OP(mma_nvfp4_smoke) {
+  return guarded([&] {
+    SAGE_OP_BODY;
+    const View a_codes = a.tensor(0), a_scales = a.tensor(1), b_codes = a.tensor(2), b_scales = a.tensor(3),
+               out = a.tensor(4);
+    SAGE_CHECK(a_codes.defined() && a_codes.cuda, "a_codes must be a CUDA tensor, got one on ", DeviceOf{a_codes});
+    check_dense(a_codes, "a_codes", kU8, {16, 32}, a_codes, "[16, 32]");
+    check_dense(a_scales, "a_scales", kU8, {16, 4}, a_codes, "[16, 4]");
+    check_dense(b_codes, "b_codes", kU8, {8, 32}, a_codes, "[8, 32]");
+    check_dense(b_scales, "b_scales", kU8, {8, 4}, a_codes, "[8, 4]");
+    check_dense(out, "output out", kF32, {16, 8}, a_codes, "[16, 8]");
+    const DeviceGuard guard(a_codes.device);
+    check_family(a_codes.device, "mma_nvfp4_smoke", 2);
+    check_cuda(sage3::launch_mma_smoke(a_codes.ptr<uint8_t>(), a_scales.ptr<uint8_t>(), b_codes.ptr<uint8_t>(),
+                                       b_scales.ptr<uint8_t>(), out.ptr<float>(), stream),
+               "mma_nvfp4_smoke");
+  });
+}
+
+// Which families this module holds SASS for: a bit per family (1: sm_100a, 2: sm_120a, 4: sm_90a).
+SAGE_EXPORT int sage_compiled_families() { return sage3::compiled_families(); }
+
+// The family bit (as above) that GPU `device` runs, 0 when this module has no code for it, -1 with
+// sage_last_error() set when the device cannot be asked (no GPU, no driver).
+SAGE_EXPORT int sage_device_family(int64_t device) {
+  int family = -1;
+  guarded([&] {
+    const DeviceGuard guard(static_cast<int>(device));
+    family = sage3::device_family();
+  });
+  return family;
 }

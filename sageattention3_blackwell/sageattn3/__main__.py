@@ -1,4 +1,6 @@
-"""``python -m sageattn3 selftest``: check what this machine can run against the reference.
+"""``python -m sageattn3 env``: what this install holds and where it runs (versions, the wheel's build,
+the compiled module, each GPU's backend); ``python -m sageattn3 selftest``: check what this machine can
+run against the reference.
 
 On a CPU it checks the reference's self-consistency. On a GPU of sm80 or newer it also runs the
 Triton path (quantization bit-exact, attention against the simulated and the float64 reference).
@@ -12,6 +14,7 @@ check fails.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
@@ -255,11 +258,56 @@ def selftest() -> int:
     return 1 if rep.failed else 0
 
 
+def env() -> int:
+    """Print the versions, the wheel's build record, the compiled module's state and each GPU's backend."""
+    import ctypes
+    import platform
+
+    from .core import choose_backend
+
+    print(f"sageattn3 {__version__} ({os.path.dirname(os.path.abspath(__file__))})")
+    print(f"python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda})")
+    info = ops.build_info()
+    if info.get("cuda_build"):
+        floor = info.get("torch_floor")
+        serves = f"torch >= {floor}" if floor else f"torch {info.get('torch')}"
+        archs = ";".join(info.get("archs") or []) or "-"
+        print(
+            f"wheel: {info.get('wheel_kind')} ({info.get('binding')} binding, {serves}), CUDA "
+            f"{info.get('cuda_line')} line, nvcc {info.get('nvcc')}, archs {archs}"
+        )
+    else:
+        print("wheel: no compiled module in its build record (a source tree or a pure-Python wheel)")
+    module = ops.library()
+    if module is not None:
+        driver = module.function("sage_cuda_driver_version", ctypes.c_int, [])()
+        families = ", ".join(ops.compiled_families()) or "no target"
+        print(
+            f"compiled module: {module.path}\n  SASS for {families}; CUDA runtime "
+            f"{module.cuda_runtime_version()} (linked in), driver {driver if driver > 0 else 'none found'}"
+        )
+    else:
+        print(f"compiled module: not loaded ({ops.load_error})")
+    if not torch.cuda.is_available():
+        print("GPUs: none (torch sees no CUDA device): sageattn3_blackwell runs the CPU reference")
+        return 0
+    for index in range(torch.cuda.device_count()):
+        device = torch.device("cuda", index)
+        cc = torch.cuda.get_device_capability(device)
+        reason = ops.unavailable_reason(device)
+        native = "compiled kernels run here" if reason is None else f"compiled kernels do not run: {reason}"
+        print(
+            f"GPU {index}: {torch.cuda.get_device_name(device)} (sm_{cc[0]}{cc[1]}): backend "
+            f"{choose_backend(device)}; {native}"
+        )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sageattn3")
-    parser.add_argument("command", choices=["selftest"])
-    parser.parse_args(argv)
-    return selftest()
+    parser.add_argument("command", choices=["env", "selftest"])
+    args = parser.parse_args(argv)
+    return env() if args.command == "env" else selftest()
 
 
 if __name__ == "__main__":

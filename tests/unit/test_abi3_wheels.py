@@ -4,6 +4,8 @@ needs against the per-torch wheels, and the installed package's check that its C
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sageattention import _native
@@ -20,13 +22,15 @@ def parse(name: str):
     )
 
 
-def test_a_release_for_every_torch_is_four_wheels_not_120():
+def test_a_release_for_every_torch_is_six_wheels_not_165():
     abi3 = MATRIX.profile_targets("abi3-release")
     per_torch = MATRIX.profile_targets("sage2-current")
-    assert len(per_torch) == 120
+    assert len(per_torch) == 165  # 60 linux, 60 windows, 45 linux-aarch64 (no aarch64 cu128 from 2.12)
     assert sorted(t.wheel_name for t in abi3) == [
+        "sageattention-2.2.0+cu12-cp310-abi3-linux_aarch64.whl",
         "sageattention-2.2.0+cu12-cp310-abi3-linux_x86_64.whl",
         "sageattention-2.2.0+cu12-cp310-abi3-win_amd64.whl",
+        "sageattention-2.2.0-cp310-abi3-linux_aarch64.whl",
         "sageattention-2.2.0-cp310-abi3-linux_x86_64.whl",
         "sageattention-2.2.0-cp310-abi3-win_amd64.whl",
     ]
@@ -46,6 +50,8 @@ def test_the_default_profile_builds_the_abi3_wheel_of_the_default_line():
         ("sageattention-2.2.0-cp310-abi3-manylinux_2_28_x86_64.whl", "13", None),
         ("sageattention-2.2.0+cu12-cp310-abi3-manylinux_2_28_x86_64.whl", "12", "cu12"),
         ("sageattention-2.2.0+cu12-cp310-abi3-win_amd64.whl", "12", "cu12"),
+        ("sageattention-2.2.0-cp310-abi3-manylinux_2_28_aarch64.whl", "13", None),
+        ("sageattention-2.2.0+cu12-cp310-abi3-linux_aarch64.whl", "12", "cu12"),
     ],
 )
 def test_abi3_names_decode_to_their_cuda_line(filename, line, local):
@@ -55,9 +61,18 @@ def test_abi3_names_decode_to_their_cuda_line(filename, line, local):
 
 
 def test_abi3_names_round_trip_through_the_targets():
+    """Every platform's abi3 wheel, as built and as repaired (linux-aarch64: linux_aarch64 and
+    manylinux_2_28_aarch64), decodes to its platform and CUDA line."""
+    platforms = set()
     for target in MATRIX.profile_targets("abi3-release"):
-        name = parse(target.wheel_name)
-        assert name.cuda == tags.cuda_line(target.cuda) and name.platform == target.platform
+        repair = MATRIX.platforms[target.platform].repair_platform
+        built = [target] + ([replace(target, wheel_platform=repair)] if repair else [])
+        for wheel in built:
+            name = parse(wheel.wheel_name)
+            assert name.cuda == tags.cuda_line(target.cuda) and name.platform == target.platform
+            assert name.platform_tag == wheel.wheel_platform
+        platforms.add(target.platform)
+    assert platforms == set(MATRIX.platforms) and "linux-aarch64" in platforms
 
 
 def test_a_per_torch_name_is_not_read_as_abi3():

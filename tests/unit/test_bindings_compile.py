@@ -1,8 +1,9 @@
 """The host-side bindings (csrc/bindings.cpp, built once per extension of sageattention with that
 extension's family macro; sageattention3_blackwell/csrc/bindings.cpp) compile with the host compiler
 under ``-Wall -Werror``: a wheel's build log shows no warning of ours. The families are those of
-build-matrix.yaml, the flags those setup.py passes (the package's cxx flags, torch's extension macros
-and include folders). About 12 s a compilation, one per extension."""
+build-matrix.yaml, the flags those setup.py passes (the package's cxx flags, torch's extension macros,
+the limited Python API), and no torch include folder: both packages' modules are of the c-abi binding,
+so a torch header there fails to compile. About 12 s a compilation, one per extension."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from tests.cuda_toolchain import NVCC
 
 ROOT = Path(__file__).resolve().parents[2]
 CXX = shutil.which("c++") or shutil.which("g++")
-PACKAGE = build_matrix.load(ROOT / build_matrix.MATRIX_FILE).package("sageattention")
+MATRIX = build_matrix.load(ROOT / build_matrix.MATRIX_FILE)
+PACKAGE, SAGE3 = MATRIX.package("sageattention"), MATRIX.package("sageattn3")
 
 
 def _cuda_include() -> Path | None:
@@ -41,7 +43,8 @@ def _cases() -> list[tuple[str, Path, dict[str, str], list[str]]]:
             "sageattn3._C",
             ROOT / "sageattention3_blackwell" / "csrc" / "bindings.cpp",
             {},
-            [str(ROOT / "sageattention3_blackwell" / "csrc")],
+            # its setup.py's folders: csrc/ and the copy of the shared header, which is this one
+            [str(ROOT / "sageattention3_blackwell" / "csrc"), str(ROOT / "csrc" / "include")],
         )
     )
     return cases
@@ -50,19 +53,13 @@ def _cases() -> list[tuple[str, Path, dict[str, str], list[str]]]:
 CASES = _cases()
 
 
-def _torch_includes(name: str, torch_ext) -> list[str]:
-    """torch's headers for sageattn3 (a torch-cpp binding); none for sageattention's c-abi modules, so
-    that a torch include there fails to compile."""
-    return (
-        [] if PACKAGE.torch_independent and name.startswith("sageattention.") else torch_ext.include_paths()
-    )
-
-
 def test_the_c_abi_binding_includes_nothing_of_torch():
-    """csrc/bindings.cpp and every kernel file of sageattention include no torch or ATen header: the
-    modules serve every torch (build-matrix.yaml, binding: c-abi)."""
-    assert PACKAGE.binding == "c-abi"
-    for path in [ROOT / "csrc" / "bindings.cpp", *ROOT.glob("csrc/**/*.cu"), *ROOT.glob("csrc/**/*.h*")]:
+    """csrc/bindings.cpp, sageattn3's and every kernel file of both packages include no torch or ATen
+    header: the modules serve every torch (build-matrix.yaml, binding: c-abi)."""
+    assert PACKAGE.binding == "c-abi" and SAGE3.binding == "c-abi"
+    sage3 = ROOT / "sageattention3_blackwell" / "csrc"
+    paths = [ROOT / "csrc" / "bindings.cpp", *ROOT.glob("csrc/**/*.cu"), *ROOT.glob("csrc/**/*.h*")]
+    for path in [*paths, *sage3.glob("*.cpp"), *sage3.glob("*.cu"), *sage3.glob("*.h*")]:
         text = path.read_text(encoding="utf-8")
         for header in ("torch/", "ATen/", "c10/", "pybind11"):
             assert f"#include <{header}" not in text, f"{path.relative_to(ROOT)} includes {header}"
@@ -83,7 +80,6 @@ def test_every_extension_family_is_covered():
 @pytest.mark.skipif(CXX is None, reason="no host C++ compiler (c++, g++) on PATH")
 @pytest.mark.parametrize(("name", "source", "define", "includes"), CASES, ids=[c[0] for c in CASES])
 def test_bindings_compile_without_warnings(name, source, define, includes):
-    torch_ext = pytest.importorskip("torch.utils.cpp_extension")
     cuda_include = _cuda_include()
     if cuda_include is None:
         pytest.skip("no CUDA toolkit headers (cuda_runtime.h next to nvcc)")
@@ -99,9 +95,9 @@ def test_bindings_compile_without_warnings(name, source, define, includes):
         "-DTORCH_API_INCLUDE_EXTENSION_H",
         f"-DTORCH_EXTENSION_NAME={name.rsplit('.', 1)[-1]}",
         *(f"-D{k}={v}" for k, v in define.items()),
-        # sageattention's modules (the c-abi binding) see no torch header, and the limited Python API
-        *(["-DPy_LIMITED_API=0x030A0000"] if name.startswith("sageattention.") else []),
-        *(f"-I{d}" for d in [*includes, *_torch_includes(name, torch_ext), str(cuda_include)]),
+        # the modules (the c-abi binding) see no torch header, and the limited Python API
+        "-DPy_LIMITED_API=0x030A0000",
+        *(f"-I{d}" for d in [*includes, str(cuda_include)]),
         f"-I{sysconfig.get_paths()['include']}",
         str(source),
     ]

@@ -78,11 +78,21 @@ def test_checked_in_bake_file_is_current(matrix, capsys):
     assert bake.render(matrix) == bake.render(load())  # deterministic
 
 
+def linux_targets(matrix, profile: str | None = None) -> list:
+    """The builds of one profile (or of every profile) on the matrix's Linux platforms, platform by
+    platform: what docker-bake.hcl holds."""
+    profiles = [profile] if profile else list(matrix.profiles)
+    return [
+        t
+        for platform in bake.bake_platforms(matrix)
+        for name in profiles
+        for t in matrix.profile_targets(name, platform=platform.name)
+    ]
+
+
 def test_targets_are_the_linux_builds_of_the_matrix(matrix, parsed):
-    linux = {}
-    for profile in matrix.profiles:
-        for target in matrix.profile_targets(profile, platform="linux"):
-            linux[target.id] = target
+    linux = {t.id: t for t in linux_targets(matrix)}
+    assert {t.platform for t in linux.values()} == {"linux", "linux-aarch64"}
     targets = parsed["target"]
     built = {name for name, body in targets.items() if body.get("target") == "wheel"}
     assert built == set(linux)
@@ -92,7 +102,7 @@ def test_targets_are_the_linux_builds_of_the_matrix(matrix, parsed):
     for build_id, target in linux.items():
         body = targets[build_id]
         cuda = f"_{tags.cuda_tag(target.cuda)}"
-        assert body["inherits"] == ["_linux", cuda]
+        assert body["inherits"] == [f"_{target.platform}", cuda]
         assert body["args"] == {
             "BUILD_ID": build_id,
             "PYTHON_ABI": f"{target.python_tag}-{target.python_tag}",
@@ -107,27 +117,45 @@ def test_targets_are_the_linux_builds_of_the_matrix(matrix, parsed):
     assert targets["_linux"]["platforms"] == [matrix.platforms["linux"].docker_platform] == ["linux/amd64"]
     assert targets["toolchain-cu128"]["inherits"] == ["_linux", "_cu128"]
     assert targets["toolchain-cu128"]["tags"] == ["sagebuild-toolchain:cu128"]
+    # the aarch64 builds: in their own manylinux image, for linux/arm64
+    arm = matrix.platforms["linux-aarch64"]
+    assert targets["_linux-aarch64"]["platforms"] == [arm.docker_platform] == ["linux/arm64"]
+    assert targets["_linux-aarch64"]["args"] == {"MANYLINUX_IMAGE": "MANYLINUX_IMAGE_LINUX_AARCH64"}
+    assert parsed["variable"]["MANYLINUX_IMAGE_LINUX_AARCH64"] == {"default": arm.manylinux_image}
+    assert targets["linux-aarch64-sageattention-abi3-cu130-python312"]["inherits"] == [
+        "_linux-aarch64",
+        "_cu130",
+    ]
+    assert targets["toolchain-linux-aarch64-cu128"]["inherits"] == ["_linux-aarch64", "_cu128"]
+    assert targets["toolchain-linux-aarch64-cu128"]["tags"] == ["sagebuild-toolchain:linux-aarch64-cu128"]
 
 
 def test_groups(matrix, parsed):
     groups = parsed["group"]
-    linux_ids = list(dict.fromkeys(t.id for p in matrix.profiles for t in matrix.profile_targets(p, "linux")))
-    assert expand(groups, "default") == [t.id for t in matrix.profile_targets("default", platform="linux")]
-    assert expand(groups, "linux") == linux_ids
+    linux_ids = list(dict.fromkeys(t.id for t in linux_targets(matrix)))
+    assert expand(groups, "default") == [t.id for t in linux_targets(matrix, "default")]
+    assert expand(groups, "default") == [
+        "linux-sageattention-abi3-cu130-python312",
+        "linux-aarch64-sageattention-abi3-cu130-python312",
+    ]
+    for platform in ("linux", "linux-aarch64"):  # one group per Linux platform
+        assert expand(groups, platform) == [i for i in linux_ids if i.startswith(platform + "-sage")]
     assert expand(groups, "all") == linux_ids
     assert expand(groups, "test-all") == [f"test-{i}" for i in linux_ids]
     for profile in matrix.profiles:
-        ids = [t.id for t in matrix.profile_targets(profile, platform="linux")]
+        ids = list(dict.fromkeys(t.id for t in linux_targets(matrix, profile)))
         assert expand(groups, f"profile-{profile}") == ids if ids else f"profile-{profile}" not in groups
     by_torch: dict[str, set[str]] = {}
     for profile in matrix.profiles:
-        for t in matrix.profile_targets(profile, platform="linux"):
+        for t in linux_targets(matrix, profile):
             major, minor, _ = tags.release_parts(t.torch, 3)
             by_torch.setdefault(f"pytorch{major}{minor}", set()).add(t.id)
     for group, ids in by_torch.items():
         assert set(expand(groups, group)) == ids
     assert {"pytorch26", "pytorch27", "pytorch28", "pytorch29"} <= set(groups)
-    assert set(expand(groups, "sageattn3")) == {t.id for t in matrix.profile_targets("sage3-all", "linux")}
+    assert set(expand(groups, "sageattn3")) == {
+        t.id for t in linux_targets(matrix) if t.package == "sageattn3"
+    }
     every = set(parsed["target"])
     for name in groups:
         assert set(expand(groups, name)) <= every, f"group {name} names an unknown target"
@@ -146,17 +174,20 @@ def test_variables_are_references_not_literals(matrix):
 
 
 def test_manylinux_image_defaults_to_the_matrix_image(matrix):
-    """`docker buildx bake default` needs no MANYLINUX_IMAGE: its default is the platform's image of
-    build-matrix.yaml, the manylinux_2_28 image the pinned cibuildwheel uses."""
+    """`docker buildx bake default` needs no MANYLINUX_IMAGE(_<NAME>): each Linux platform's default is
+    its image of build-matrix.yaml, the manylinux_2_28 image of its CPU the pinned cibuildwheel uses."""
     variables = parse(BAKE.read_text(encoding="utf-8"))["variable"]
-    image = matrix.platforms["linux"].manylinux_image
-    assert variables["MANYLINUX_IMAGE"] == {"default": image}
-    assert re.fullmatch(r"[\w.-]+/pypa/manylinux_2_28_x86_64@sha256:[0-9a-f]{64}", image)
-    require(importlib.util.find_spec("cibuildwheel"), "cibuildwheel")
-    assert image == bake.pinned_base_image(), (
-        "platforms.linux.manylinux_image differs from the pinned cibuildwheel's image: set it to "
-        "`python -m sagebuild bake --base-image`"
-    )
+    assert [p.name for p in bake.bake_platforms(matrix)] == ["linux", "linux-aarch64"]
+    for platform in bake.bake_platforms(matrix):
+        image = platform.manylinux_image
+        assert variables[bake.image_variable(matrix, platform.name)] == {"default": image}
+        arch = platform.machine
+        assert re.fullmatch(rf"[\w.-]+/pypa/manylinux_2_28_{arch}@sha256:[0-9a-f]{{64}}", image)
+        require(importlib.util.find_spec("cibuildwheel"), "cibuildwheel")
+        assert image == bake.pinned_base_image(platform), (
+            f"platforms.{platform.name}.manylinux_image differs from the pinned cibuildwheel's image: "
+            f"set it to `python -m sagebuild bake --base-image --platform {platform.name}`"
+        )
 
 
 def test_a_linux_platform_without_an_image_is_refused(matrix):
@@ -253,3 +284,8 @@ def test_base_image_comes_from_the_pinned_cibuildwheel(capsys):
     assert cli.main(["bake", "--base-image"]) == 0
     image = capsys.readouterr().out.strip()
     assert re.search(r"/manylinux_2_28_x86_64@sha256:[0-9a-f]{64}$", image)
+    assert cli.main(["bake", "--base-image", "--platform", "linux-aarch64"]) == 0
+    image = capsys.readouterr().out.strip()
+    assert re.search(r"/manylinux_2_28_aarch64@sha256:[0-9a-f]{64}$", image)
+    assert cli.main(["bake", "--base-image", "--platform", "windows"]) == 2
+    assert "not a Linux platform" in capsys.readouterr().err

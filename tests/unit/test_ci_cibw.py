@@ -59,8 +59,9 @@ def groups_of(matrix, profile: str, platform: str):
 
 @pytest.mark.parametrize(
     "profile,platform",
-    [("sage2-all", "linux"), ("pytorch26", "windows"), ("default", "windows"), ("ci-build", "linux")],
-)
+    [("sage2-all", "linux"), ("pytorch26", "windows"), ("default", "windows"), ("ci-build", "linux"),
+     ("sage2-all", "linux-aarch64"), ("abi3-release", "linux-aarch64")],
+)  # fmt: skip
 def test_cibuildwheel_lists_exactly_the_planned_identifiers(matrix, tmp_path, profile, platform):
     planned_all, listed_all = [], []
     for index, targets in enumerate(groups_of(matrix, profile, platform)):
@@ -69,7 +70,7 @@ def test_cibuildwheel_lists_exactly_the_planned_identifiers(matrix, tmp_path, pr
             a for t in targets for a in ("--target", t.id)
         ]]) == 0  # fmt: skip
         planned = [cibw.identifier(t) for t in targets]
-        listed = print_identifiers(platform, config)
+        listed = print_identifiers(matrix.platforms[platform].system.lower(), config)
         assert listed == planned
         planned_all += planned
         listed_all += listed
@@ -83,6 +84,7 @@ def test_environment_variable_form(matrix):
     assert env["CIBW_BUILD"] == "cp312-win_amd64"
     assert 'TORCH_CUDA_ARCH_LIST="8.0;8.6;8.9;9.0a;12.0a"' in env["CIBW_ENVIRONMENT_WINDOWS"]
     assert 'CUDA_HOME="$CUDA_PATH"' in env["CIBW_ENVIRONMENT_WINDOWS"]
+    assert 'SAGEATTENTION_WHEEL="pinned"' in env["CIBW_ENVIRONMENT_WINDOWS"]  # a per-torch target
     assert env["CIBW_BEFORE_BUILD"].startswith("python -m pip install torch==2.8.0 ")
     assert "delvewheel==" in env["CIBW_BEFORE_BUILD"]
     assert env["CIBW_REPAIR_WHEEL_COMMAND_WINDOWS"].startswith("delvewheel repair --no-dll ")
@@ -102,6 +104,24 @@ def test_linux_options(matrix, monkeypatch):
         assert f"--exclude '{pattern}'" in repair
     for name in ("libtorch", "libc10", "libcudart", "libcuda."):
         assert name in repair
+
+
+def test_aarch64_options(matrix):
+    """linux-aarch64: cibuildwheel's aarch64 identifiers, its toolchain image of docker-bake.hcl and
+    the platform's repair policy, all from the matrix."""
+    target = matrix.find_target("linux-aarch64-sageattention-abi3-cu130-python312")
+    config = cibw.config_for(matrix, [target])
+    assert config["platform"] == "linux" and config["identifiers"] == ["cp312-manylinux_aarch64"]
+    env = cibw.as_env(config)
+    assert env["CIBW_ARCHS_LINUX"] == "aarch64"
+    assert env["CIBW_MANYLINUX_AARCH64_IMAGE"] == "sagebuild-toolchain:linux-aarch64-cu130"
+    assert env["CIBW_REPAIR_WHEEL_COMMAND_LINUX"].startswith(
+        "auditwheel repair --plat manylinux_2_28_aarch64 "
+    )
+    assert env["CIBW_BEFORE_BUILD"].startswith("python -m pip install torch==2.14.1")
+    cu12 = matrix.find_target("linux-aarch64-sageattention-abi3-cu128-python312")
+    before = cibw.as_env(cibw.config_for(matrix, [cu12]))["CIBW_BEFORE_BUILD"]
+    assert "tag_build = +cu12" in before and " && python -m pip install torch==2.11.0 " in before
 
 
 def test_per_python_pins_become_overrides(matrix, tmp_path):
@@ -171,6 +191,16 @@ def test_sageattn3_local_version_reaches_the_wheel(matrix, tmp_path):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [w.name for w in out.glob("*.whl")] == [f"demo3-1.0.0+{target.local_version}-py3-none-any.whl"]
+
+
+def test_the_wheel_kind_reaches_setup_py(matrix):
+    """setup.py builds the abi3 wheel unless told otherwise: a per-torch target says pinned, as
+    `sagebuild build` does."""
+    for build_id, kind in (("linux-sageattn3-abi3-cu130-python312", "abi3"),
+                           ("linux-sageattn3-pytorch29-cu128-python312", "pinned"),
+                           ("linux-sageattention-abi3-cu130-python312", "abi3")):  # fmt: skip
+        environment = cibw.config_for(matrix, [matrix.find_target(build_id)])["options"]["environment"]
+        assert environment["SAGEATTENTION_WHEEL"] == kind, build_id
 
 
 def test_one_run_builds_one_combination(matrix):

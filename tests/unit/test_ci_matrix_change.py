@@ -17,7 +17,7 @@ from sagebuild.matrix import REPO_ROOT
 NEW_TORCH = "2.15.0"
 NEW_IDS = {
     f"{platform}-sageattention-pytorch215-cu{cuda}-python{python}"
-    for platform in ("linux", "windows")
+    for platform in ("linux", "windows", "linux-aarch64")
     for cuda in ("128", "130")
     for python in ("310", "311", "312", "313", "314")
 }
@@ -57,7 +57,7 @@ def add_torch_release(repo: Path) -> None:
     data["torch"][NEW_TORCH] = {
         "cuda": ["12.8", "13.0"],
         "python": ["3.10", "3.11", "3.12", "3.13", "3.14"],
-        "registry_cuda": {"linux": "13.0", "windows": None},
+        "registry_cuda": {"linux": "13.0", "windows": None, "linux-aarch64": "13.0"},
         "source": "test",
     }
     data["sets"]["sage2-current"]["builds"][0]["torch"].append(NEW_TORCH)
@@ -76,7 +76,8 @@ def test_new_pytorch_release_flows_into_ci_bake_and_docs(repo, capsys):
     add_torch_release(repo)
     assert run(capsys, repo, "validate")[0] == 0
 
-    # the CI matrix (the workflows' own command) has the ten new builds per platform, nothing else changed
+    # the CI matrix (the workflows' own command) has the ten new builds per platform (a release without
+    # platform_cuda has every CUDA build on every platform), nothing else changed
     after = planned_ids(capsys, repo, "sage2-current")
     assert after - before == NEW_IDS and before <= after
 
@@ -116,72 +117,114 @@ def test_new_pytorch_release_flows_into_ci_bake_and_docs(repo, capsys):
         assert NEW_TORCH not in text and "pytorch215" not in text
 
 
-# A new platform (seed 002, AC10): an entry under platforms: and nothing else. The aarch64 image is the
-# one the pinned cibuildwheel uses (a real digest is not needed to plan; it is checked for its policy).
-LINUXARM = {
+# A further platform (seed 002, AC10): an entry under platforms: and nothing else; what PyTorch and the
+# toolkit packages have for it is data too (platform_cuda, left_out, pip: platforms). Made up for the
+# test (a real digest is not needed to plan; the image is checked for its policy).
+PPC = {
     "system": "Linux",
-    "wheel_platform": "linux_aarch64",
-    "repair_platform": "manylinux_2_28_aarch64",
-    "runner": "ubuntu-24.04-arm",
-    "docker_platform": "linux/arm64",
-    "manylinux_image": "quay.io/pypa/manylinux_2_28_aarch64@sha256:" + "0" * 64,
+    "wheel_platform": "linux_ppc64le",
+    "repair_platform": "manylinux_2_28_ppc64le",
+    "runner": "ubuntu-24.04-ppc64le",
+    "docker_platform": "linux/ppc64le",
+    "manylinux_image": "quay.io/pypa/manylinux_2_28_ppc64le@sha256:" + "0" * 64,
 }
+
+
+def write(path: Path, data: dict) -> None:
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
 
 
 def test_a_new_platform_is_configuration_only(repo, capsys):
     from sagebuild import bake, ci, cibw
+    from sagebuild.index import EnvInfo, which
     from sagebuild.matrix import Matrix
 
     path = repo / "build-matrix.yaml"
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    data["platforms"]["linuxarm"] = LINUXARM
-    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    data["platforms"]["linux-ppc64le"] = PPC
+    write(path, data)
     workflows = {p.name: p.read_text(encoding="utf-8") for p in (repo / ".github" / "workflows").iterdir()}
 
     code, out = run(capsys, repo, "validate")
     assert code == 0, out
     code, out = run(
-        capsys, repo, "plan", "--profile", "stable", "--platform", "linuxarm", "--format", "github"
+        capsys, repo, "plan", "--profile", "stable", "--platform", "linux-ppc64le", "--format", "github"
     )
     assert code == 0, out
     include = json.loads(out)["include"]
     assert [e["id"] for e in include] == [
-        "linuxarm-sageattention-pytorch26-cu126-python312",
-        "linuxarm-sageattention-pytorch27-cu128-python312",
-        "linuxarm-sageattention-pytorch28-cu129-python312",
+        "linux-ppc64le-sageattention-pytorch26-cu126-python312",
+        "linux-ppc64le-sageattention-pytorch27-cu128-python312",
+        "linux-ppc64le-sageattention-pytorch28-cu129-python312",
     ]
-    assert {e["runner"] for e in include} == {"ubuntu-24.04-arm"}
-    assert include[0]["wheel"] == "sageattention-2.2.0-260.126-cp312-cp312-linux_aarch64.whl"
+    assert {e["runner"] for e in include} == {"ubuntu-24.04-ppc64le"}
+    assert include[0]["wheel"] == "sageattention-2.2.0-260.126-cp312-cp312-linux_ppc64le.whl"
     with pytest.raises(SystemExit):
         cli.main(["--matrix", str(path), "plan", "--help"])
-    assert "linuxarm (linux_aarch64)" in " ".join(capsys.readouterr().out.split())
+    assert "linux-ppc64le (linux_ppc64le)" in " ".join(capsys.readouterr().out.split())
 
-    # the Linux build workflow's plan (--system Linux) now holds both Linux platforms, each with its runner
+    # the Linux build workflow's plan (--system Linux) now holds every Linux platform, each with its runner
     code, out = run(capsys, repo, "plan", "--profile", "stable", "--system", "Linux", "--format", "github")
     runners = {e["platform"]: e["runner"] for e in json.loads(out)["include"]}
-    assert runners == {"linux": "ubuntu-24.04", "linuxarm": "ubuntu-24.04-arm"}
+    assert runners == {
+        "linux": "ubuntu-24.04",
+        "linux-aarch64": "ubuntu-24.04-arm",
+        "linux-ppc64le": "ubuntu-24.04-ppc64le",
+    }
 
     matrix = Matrix.load(path)
     # Docker Bake: its targets in its own image and Docker platform, the first platform's names unchanged
     text = bake.render(matrix)
-    assert 'variable "MANYLINUX_IMAGE_LINUXARM" {' in text and LINUXARM["manylinux_image"] in text
-    assert 'variable "MANYLINUX_IMAGE" {' in text
-    assert 'target "linuxarm-sageattention-pytorch28-cu129-python312" {' in text
-    assert 'target "toolchain-linuxarm-cu129" {' in text and 'target "toolchain-cu129" {' in text
-    assert '"linux/arm64"' in text and 'group "linuxarm" {' in text
+    assert 'variable "MANYLINUX_IMAGE_LINUX_PPC64LE" {' in text and PPC["manylinux_image"] in text
+    assert 'variable "MANYLINUX_IMAGE" {' in text and 'variable "MANYLINUX_IMAGE_LINUX_AARCH64" {' in text
+    assert 'target "linux-ppc64le-sageattention-pytorch28-cu129-python312" {' in text
+    assert 'target "toolchain-linux-ppc64le-cu129" {' in text and 'target "toolchain-cu129" {' in text
+    assert '"linux/ppc64le"' in text and 'group "linux-ppc64le" {' in text
     assert run(capsys, repo, "bake")[0] == 0 and run(capsys, repo, "bake", "--check")[0] == 0
     assert run(capsys, repo, "docs")[0] == 0
-    assert "linuxarm" in (repo / "BUILD_MATRIX.md").read_text(encoding="utf-8")
+    assert "linux-ppc64le" in (repo / "BUILD_MATRIX.md").read_text(encoding="utf-8")
 
-    # cibuildwheel and the CI toolkit plan
-    target = matrix.find_target("linuxarm-sageattention-pytorch2141-cu130-python312")
+    # cibuildwheel and the CI toolkit plan: the pip toolkit packages do not list the platform, so the
+    # installer, until the matrix says they have its wheels
+    target = matrix.find_target("linux-ppc64le-sageattention-pytorch2141-cu130-python312")
     config = cibw.config_for(matrix, [target])
-    assert config["identifiers"] == ["cp312-manylinux_aarch64"] and config["platform"] == "linux"
-    assert config["options"]["archs"] == ["aarch64"]
-    assert config["options"]["manylinux-aarch64-image"] == "sagebuild-toolchain:linuxarm-cu130"
-    assert "--plat manylinux_2_28_aarch64 " in config["options"]["repair-wheel-command"]
-    assert cibw.as_env(config)["CIBW_MANYLINUX_AARCH64_IMAGE"] == "sagebuild-toolchain:linuxarm-cu130"
-    assert ci.toolkit_plan(matrix, target).source == "pip"
+    assert config["identifiers"] == ["cp312-manylinux_ppc64le"] and config["platform"] == "linux"
+    assert config["options"]["archs"] == ["ppc64le"]
+    assert config["options"]["manylinux-ppc64le-image"] == "sagebuild-toolchain:linux-ppc64le-cu130"
+    assert "--plat manylinux_2_28_ppc64le " in config["options"]["repair-wheel-command"]
+    assert cibw.as_env(config)["CIBW_MANYLINUX_PPC64LE_IMAGE"] == "sagebuild-toolchain:linux-ppc64le-cu130"
+    assert ci.toolkit_plan(matrix, target).source == "installer"
+    data["cuda"]["13.0"]["pip"]["platforms"].append("linux-ppc64le")
+    write(path, data)
+    assert ci.toolkit_plan(Matrix.load(path), target).source == "pip"
+
+    # `which` answers for a machine of it, and its wheel names, as built and repaired, decode to it
+    env = EnvInfo("3.12", "linux-ppc64le", "2.14.1", "13.0")
+    code, lines = which(matrix, env)
+    assert code == 0 and lines[1] == "build id: linux-ppc64le-sageattention-abi3-cu130-python312"
+    assert "sageattention-2.2.0-cp310-abi3-manylinux_2_28_ppc64le.whl once repaired" in lines[2]
+    for name in ("sageattention-2.2.0-cp310-abi3-manylinux_2_28_ppc64le.whl",
+                 "sageattention-2.2.0-280.129-cp312-cp312-linux_ppc64le.whl"):  # fmt: skip
+        assert matrix.parse_wheel_name(name).platform == "linux-ppc64le"
+
+    # fewer PyTorch builds there: platform_cuda, and validation asks for the why of each gap
+    data["torch"]["2.14.1"]["platform_cuda"]["linux-ppc64le"] = ["13.0"]
+    write(path, data)
+    code, out = run(capsys, repo, "validate")
+    assert code == 2 and "linux-ppc64le lacks torch 2.14.1 + CUDA 12.8" in out
+    assert "add a left_out note under platforms.linux-ppc64le" in out
+    data["platforms"]["linux-ppc64le"]["left_out"] = [
+        {"torch": "2.14.1", "cuda": "12.8", "why": "none there"}
+    ]
+    write(path, data)
+    code, out = run(capsys, repo, "validate")
+    assert code == 0, out
+    narrowed = Matrix.load(path)
+    assert {t.cuda for t in narrowed.profile_targets("pytorch214", platform="linux-ppc64le")} == {"13.0"}
+    assert run(capsys, repo, "docs")[0] == 0
+    assert "| linux-ppc64le | PyTorch 2.14.1; CUDA 12.8;" in (repo / "BUILD_MATRIX.md").read_text(
+        encoding="utf-8"
+    )
 
     # and no workflow needed an edit
     assert workflows == {

@@ -37,8 +37,10 @@ def tag(matrix) -> str:
 def test_complete_release_passes(matrix, artifacts):
     report = release.check_release(matrix, artifacts, PROFILES, tag=tag(matrix), existing=["notes.txt"])
     assert report.passed, report.render()
-    # 10 sageattention + 4 sageattn3 builds, on Linux and Windows: one release for both packages
-    assert report.planned == len(report.wheels) == 2 * (10 + 4)
+    # 10 sageattention builds on each of linux, windows and linux-aarch64, and the sageattn3 builds
+    # of sage3-all: one release for both packages
+    sage3 = len(matrix.profile_targets("sage3-all"))
+    assert report.planned == len(report.wheels) == 3 * 10 + sage3
     assert {p.name.split("-")[0] for p in report.wheels} == {"sageattention", "sageattn3"}
 
 
@@ -50,9 +52,10 @@ def test_cli_collects_and_writes_sha256sums(matrix, artifacts, tmp_path, capsys)
     )
     assert code == 0, capsys.readouterr()
     wheels = sorted(out.glob("*.whl"))
-    assert len(wheels) == 28
+    planned = len(release.planned_targets(matrix, PROFILES))
+    assert len(wheels) == planned and any(w.name.endswith("_aarch64.whl") for w in wheels)
     lines = (out / "SHA256SUMS").read_text(encoding="utf-8").splitlines()
-    assert len(lines) == 28
+    assert len(lines) == planned
     for line, wheel in zip(lines, wheels):
         digest, name = line.split("  ")
         assert name == wheel.name and digest == hashlib.sha256(wheel.read_bytes()).hexdigest()

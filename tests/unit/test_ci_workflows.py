@@ -239,7 +239,7 @@ def test_summary_steps_write_a_table_of_every_build(tmp_path, workflow):
     matrix = load()
     system = "Linux" if "linux" in workflow else "Windows"
     planned = ci.system_targets(matrix, "stable", "sageattention", system)
-    assert len(planned) == 3
+    assert len(planned) == (6 if system == "Linux" else 3)  # Linux: linux and linux-aarch64
     for target, status in zip(planned[:2], ("success", "failure")):
         dist = tmp_path / "dist"
         shutil.rmtree(dist, ignore_errors=True)
@@ -259,7 +259,7 @@ def test_summary_steps_write_a_table_of_every_build(tmp_path, workflow):
     assert "✅ success" in rows[0] and f"`{planned[0].wheel_name}` |" in rows[0]
     assert "❌ failure" in rows[1] and "(planned)" in rows[1]
     assert "no result" in rows[2]
-    assert "3 builds: 1 ✅ success, 1 ❌ failure, 1 ⚠️ no result" in text
+    assert f"{len(planned)} builds: 1 ✅ success, 1 ❌ failure, {len(planned) - 2} ⚠️ no result" in text
     assert (
         f"| {planned[0].torch} | {planned[0].cuda} | {planned[0].python} | {planned[0].arch_list} |"
         in rows[0]
@@ -455,15 +455,24 @@ def test_profiles_step_output(tmp_path, event, ref, requested, profiles, release
 @pytest.mark.parametrize("workflow", BUILD_WORKFLOWS)
 @pytest.mark.parametrize("profile,package", [("stable", "sageattention"), ("sage3-all", "sageattn3")])
 def test_plan_step_output_is_the_sagebuild_plan(tmp_path, workflow, profile, package):
-    """The job matrix the build workflows get is `sagebuild plan`'s list, one entry per build id."""
-    platform = "linux" if "linux" in workflow else "windows"
+    """The job matrix the build workflows get is `sagebuild plan`'s list, one entry per build id, of
+    every platform of the workflow's system (Linux: linux and linux-aarch64), each on its runner."""
+    system = "Linux" if "linux" in workflow else "Windows"
     run_step(tmp_path, workflow, "plan", "Build matrix", {"PROFILE": profile, "PACKAGE": package})
     out = outputs(tmp_path)
     include = json.loads(out["matrix"])["include"]
-    planned = [t for t in load().profile_targets(profile, platform=platform) if t.package == package]
+    matrix = load()
+    planned = [
+        t
+        for t in matrix.profile_targets(profile)
+        if t.package == package and matrix.platforms[t.platform].system == system
+    ]
     assert [e["id"] for e in include] == [t.id for t in planned] and out["count"] == str(len(planned))
-    runner = load().platforms[platform].runner
-    assert planned and all(e["runner"] == runner and e["python"] for e in include)
+    assert planned and all(
+        e["runner"] == matrix.platforms[e["platform"]].runner and e["python"] for e in include
+    )
+    if system == "Linux":
+        assert {e["runner"] for e in include} == {"ubuntu-24.04", "ubuntu-24.04-arm"}
 
 
 FAKE_GH = """#!/bin/sh
@@ -512,8 +521,13 @@ def run_release_job(tmp_path: Path, existing: str) -> tuple[bool, list[str]]:
 def test_release_job_creates_a_new_release(tmp_path):
     passed, gh = run_release_job(tmp_path, "")
     assert passed and gh[1].startswith("gh release create v") and "--verify-tag" in gh[1]
+    from sagebuild import release
+
     assets = sorted(p.name for p in (tmp_path / "release").iterdir())
-    assert len(assets) == 29 and "SHA256SUMS" in assets and all(f"release/{a}" in gh[1] for a in assets)
+    wheels = release.planned_targets(load(), ["sage2-all", "sage3-all"])  # every platform's, aarch64 too
+    assert any(t.platform == "linux-aarch64" for t in wheels)
+    assert len(assets) == len(wheels) + 1 and "SHA256SUMS" in assets
+    assert all(f"release/{a}" in gh[1] for a in assets)
     sums = (tmp_path / "release" / "SHA256SUMS").read_text(encoding="utf-8").splitlines()
     assert sorted(line.split("  ")[1] for line in sums) == [a for a in assets if a != "SHA256SUMS"]
 

@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "sageattention"
 LAYERS = [
     {"quant"},  # the quantization's constants and options
     {"_checks", "reference"},  # argument checks, the float64 and simulated references
-    {"_native"},  # the compiled modules' C ABI (ctypes)
+    {"_cabi", "_native"},  # the compiled modules' C ABI (ctypes): its package-neutral half, sageattention's
     {"cuda_ops"},  # their torch ops
     {"extensions"},  # what is built and loadable, GPU facts
     {"cuda_common", "cuda_sm80", "cuda_sm89", "cuda_sm90", "triton"},  # the kernels' launchers
@@ -23,7 +23,7 @@ LAYERS = [
     {"__init__", "__main__", "integrations"},  # the package, its command line, the integrations
 ]
 SAME_LAYER = {("cuda_sm80", "cuda_common"), ("cuda_sm89", "cuda_common"), ("cuda_sm90", "cuda_common"),
-              ("cuda_sm89", "cuda_sm80"), ("__main__", "integrations"),
+              ("cuda_sm89", "cuda_sm80"), ("__main__", "integrations"), ("_native", "_cabi"),
               ("__init__", "integrations")}  # fmt: skip
 
 

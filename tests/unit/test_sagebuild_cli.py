@@ -65,7 +65,7 @@ def test_plan_github_matrix_shape(capsys):
 def test_plan_json_and_text(capsys):
     code, out, _ = run_cli(capsys, "plan", "--profile", "sage2-all", "--format", "json")
     payload = json.loads(out)
-    assert code == 0 and payload["count"] == 20 and payload["profile"] == "sage2-all"
+    assert code == 0 and payload["count"] == 30 and payload["profile"] == "sage2-all"  # 10 per platform
     code, out, _ = run_cli(capsys, "plan", "--profile", "sage3-all", "--platform", "windows")
     assert "windows-sageattn3-pytorch29-cu128-python312" in out
     assert "sageattn3-1.0.0+cu128torch2.9.0-cp312-cp312-win_amd64.whl" in out
@@ -96,7 +96,7 @@ def test_a_plan_that_selects_nothing_is_an_error_that_says_why(capsys):
 
 
 def test_build_profile_that_selects_nothing_says_why(capsys, monkeypatch):
-    monkeypatch.setattr(cli.envs, "current_platform", lambda: "linux")
+    monkeypatch.setattr(cli.envs, "current_platform", lambda wheel_platforms: "linux")
     code, _, err = run_cli(capsys, "build", "--profile", "stable", "--package", "sageattn3")
     assert code == 2 and "the profiles that build sageattn3: sage3-all" in err
 
@@ -104,11 +104,18 @@ def test_build_profile_that_selects_nothing_says_why(capsys, monkeypatch):
 def test_plan_by_system(capsys):
     code, out, _ = run_cli(capsys, "plan", "--profile", "stable", "--system", "Linux", "--format", "github")
     ids = [e["id"] for e in json.loads(out)["include"]]
-    assert code == 0 and ids == [t.id for t in load().profile_targets("stable", platform="linux")]
+    matrix = load()
+    linux = [t.id for p in ("linux", "linux-aarch64") for t in matrix.profile_targets("stable", platform=p)]
+    assert code == 0 and ids == linux  # every platform of the system, in the matrix's order
+    code, out, _ = run_cli(capsys, "plan", "--profile", "stable", "--platform", "linux-aarch64")
+    assert code == 0 and "linux-aarch64-sageattention-pytorch28-cu129-python312" in out
+    assert "sageattention-2.2.0-280.129-cp312-cp312-linux_aarch64.whl" in out
     code, _, err = run_cli(capsys, "plan", "--profile", "stable", "--system", "Plan9")
     assert code == 2 and "unknown system 'Plan9'" in err and "Linux, Windows" in err
     code, _, err = run_cli(capsys, "plan", "--profile", "stable", "--platform", "macos")
-    assert code == 2 and "unknown platform 'macos'; the matrix's platforms: linux, windows" in err
+    assert (
+        code == 2 and "unknown platform 'macos'; the matrix's platforms: linux, windows, linux-aarch64" in err
+    )
 
 
 def test_unknown_profile_lists_valid_ones(capsys):
@@ -273,7 +280,7 @@ def test_runs_from_any_directory(tmp_path, launcher):
     assert proc.returncode == 0, proc.stderr
     assert str(REPO_ROOT / "build-matrix.yaml") in proc.stdout
     proc = run("plan", "--profile", "default", "--format", "json")
-    assert proc.returncode == 0 and json.loads(proc.stdout)["count"] == 2
+    assert proc.returncode == 0 and json.loads(proc.stdout)["count"] == 3  # one per platform
     proc = run("docs", "--check")
     assert proc.returncode == 0 and str(REPO_ROOT / docs.OUTPUT) in proc.stdout + proc.stderr
     assert run("plan", "--profile", "nope").returncode == 2
@@ -292,7 +299,7 @@ def no_installs(monkeypatch):
     for name in ("create_venv", "pip", "run", "find_python"):
         monkeypatch.setattr(envs, name, refuse)
     monkeypatch.setattr(sb, "prepare_toolkit", refuse)
-    monkeypatch.setattr(envs, "current_platform", lambda: "linux")
+    monkeypatch.setattr(envs, "current_platform", lambda wheel_platforms: "linux")
     for name in ("SAGEBUILD_TORCH_INDEX", *sb.PIP_INDEX_VARIABLES):
         monkeypatch.delenv(name, raising=False)
     return sb

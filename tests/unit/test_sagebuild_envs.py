@@ -113,11 +113,27 @@ def test_staging_copies_only_what_the_build_needs(tmp_path):
     staged3 = stage_sources(matrix, matrix.package("sageattn3"), tmp_path / "s3", progress)
     assert (staged3 / "setup.py").is_file() and (staged3 / "sageattn3" / "__init__.py").is_file()
     assert not (staged3 / "tests").exists()
+    # the files sageattn3 takes from the repository, at their repository paths next to its sources
+    assert staged3 == tmp_path / "s3" / "src" / "sageattention3_blackwell"
+    for name in matrix.package("sageattn3").shared_files:
+        assert (staged3.parent / name).read_bytes() == (matrix.root / name).read_bytes()
+
+
+def test_the_machine_is_the_platform_of_its_wheel_tag(monkeypatch):
+    """linux_x86_64 -> linux, linux_aarch64 -> linux-aarch64, win_amd64 -> windows: by the matrix's
+    wheel tags, so a new platform of the matrix is found without code."""
+    wheel_platforms = load().wheel_platforms()
+    for machine, platform in [("linux-x86_64", "linux"), ("linux-aarch64", "linux-aarch64"),
+                              ("win-amd64", "windows"), ("macosx-14.0-arm64", None),
+                              ("linux-ppc64le", None)]:  # fmt: skip
+        monkeypatch.setattr(envs.sysconfig, "get_platform", lambda m=machine: m)
+        assert envs.current_platform(wheel_platforms) == platform
+    assert envs.machine_platform_tag() == "linux_ppc64le"
 
 
 def test_auto_target_uses_the_machine(monkeypatch):
     matrix = load()
-    monkeypatch.setattr(envs, "current_platform", lambda: "linux")
+    monkeypatch.setattr(envs, "current_platform", lambda wheel_platforms: "linux")
     monkeypatch.setattr(envs, "detect_cuda_home", lambda: Path("/opt/cuda"))
     monkeypatch.setattr(envs, "nvcc_version", lambda home: ("13.0", "13.0.88"))
     target = auto_target(matrix, "sageattention", None, None, None, python="3.11")
@@ -126,4 +142,13 @@ def test_auto_target_uses_the_machine(monkeypatch):
     assert (target.cuda, target.archs) == ("12.8", ("9.0a",))  # the CUDA the plain index serves
     monkeypatch.setattr(envs, "detect_cuda_home", lambda: None)
     assert auto_target(matrix, "sageattention", None, None, None, python="3.11") is None  # pure wheel
+    # an aarch64 machine with nvcc 12.8: the newest torch with an aarch64 CUDA 12.8 build is 2.11.0
+    monkeypatch.setattr(envs, "current_platform", lambda wheel_platforms: "linux-aarch64")
+    monkeypatch.setattr(envs, "detect_cuda_home", lambda: Path("/opt/cuda"))
+    monkeypatch.setattr(envs, "nvcc_version", lambda home: ("12.8", "12.8.93"))
+    target = auto_target(matrix, "sageattention", None, None, None, python="3.12")
+    assert (target.id, target.torch) == ("linux-aarch64-sageattention-abi3-cu128-python312", "2.11.0")
+    assert target.wheel_name == "sageattention-2.2.0+cu12-cp310-abi3-linux_aarch64.whl"
+    target = auto_target(matrix, "sageattention", None, None, None, torch="2.8.0", python="3.12")
+    assert target.cuda == "12.9"  # 2.8.0's only aarch64 CUDA build
     assert REPO_ROOT.is_dir()

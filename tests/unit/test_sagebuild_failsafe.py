@@ -378,7 +378,7 @@ def test_a_toolkit_interrupted_while_installed_is_installed_again(tmp_path, monk
     target = MATRIX.make_target("sageattention", "linux", "2.14.1", "13.0", "3.11", "9.0a")
     options = sb.BuildOptions(cache=tmp_path / "cache", toolkit="pip")
     release = MATRIX.cuda_release("13.0")
-    folder = tmp_path / "cache" / "toolkits" / f"cuda-13.0-{envs.current_platform()}"
+    folder = tmp_path / "cache" / "toolkits" / f"cuda-13.0-{target.platform}"
     (folder / "nvidia").mkdir(parents=True)
     (folder / "nvidia" / "half-unpacked.txt").write_text("")
     installs = []

@@ -236,6 +236,53 @@ def test_which_names_the_cuda_12_abi3_wheel_and_its_index_path(matrix, capsys):
     assert f"wheel:    {wheel}" in capsys.readouterr().out
 
 
+def test_which_on_an_aarch64_machine(matrix, tmp_path, capsys, monkeypatch):
+    """An arm64 server (GH200, GB200): the machine is the matrix's platform of its wheel tag, and `which`
+    names that platform's abi3 wheel of torch's CUDA line, found in an index under its repaired name."""
+    from sagebuild import envs
+    from sagebuild.index import current_env
+
+    monkeypatch.setattr(envs.sysconfig, "get_platform", lambda: "linux-aarch64")
+    assert current_env(matrix).platform == "linux-aarch64"
+    code, lines = which(matrix, EnvInfo("3.12", "linux-aarch64", "2.14.1", "13.0"))
+    wheel = abi3_wheel_name(matrix, "13.0", "linux-aarch64")
+    assert code == 0 and wheel == "sageattention-2.2.0-cp310-abi3-linux_aarch64.whl"
+    assert lines[1] == "build id: linux-aarch64-sageattention-abi3-cu130-python312"
+    assert (
+        lines[2]
+        == f"wheel:    {wheel} (sageattention-2.2.0-cp310-abi3-manylinux_2_28_aarch64.whl once repaired)"
+    )
+    assert lines[3].startswith("CUDA line 13 (the default line)")
+    assert "  pip install sageattention" in lines  # the plain index's aarch64 torch is a CUDA 13.0 build
+    # the CUDA 12 line: built with torch 2.11.0 (2.14.1 has no aarch64 CUDA 12.8 build), for every torch
+    code, lines = which(matrix, EnvInfo("3.11", "linux-aarch64", "2.7.0", "12.8"))
+    assert code == 0 and lines[1] == "build id: linux-aarch64-sageattention-abi3-cu128-python312"
+    assert lines[2].startswith("wheel:    sageattention-2.2.0+cu12-cp310-abi3-linux_aarch64.whl ")
+    assert "  pip install --index-url INDEX/cu12/simple sageattention" in lines
+    # below the abi3 floor: the per-torch wheel of a CUDA build PyTorch publishes for aarch64, or none
+    code, lines = which(matrix, EnvInfo("3.9", "linux-aarch64", "2.8.0", "12.9"))
+    assert code == 0 and lines[2] == "build id: linux-aarch64-sageattention-pytorch28-cu129-python39"
+    assert lines[3] == "wheel:    sageattention-2.2.0-280.129-cp39-cp39-linux_aarch64.whl"
+    code, lines = which(matrix, EnvInfo("3.9", "linux-aarch64", "2.8.0", "12.8"))
+    assert code == 1 and "has no CUDA 12.8 build for linux-aarch64; there it ships CUDA 12.9" in lines[-2]
+    # an index with the repaired aarch64 wheel and the x86_64 one: the aarch64 one is named
+    folder = tmp_path / "wheelhouse"
+    for arch in ("aarch64", "x86_64"):
+        tag = f"cp310-abi3-manylinux_2_28_{arch}"
+        dummy_wheel(folder, f"sageattention-2.2.0-{tag}.whl", "2.2.0", ["torch>=2.6.0"], None, tag)
+    manifest = build_index(folder, folder, matrix)
+    assert len(manifest["variants"]["cu13"]) == 2
+    code, lines = which(matrix, EnvInfo("3.12", "linux-aarch64", "2.11.0", "13.0"), "sageattention", folder)
+    assert (
+        code == 0
+        and lines[-2]
+        == f"in {folder}: sageattention-2.2.0-cp310-abi3-manylinux_2_28_aarch64.whl; install it with:"
+    )
+    args = ["which", "--torch", "2.12.0", "--cuda", "13.0", "--python", "3.13", "--platform", "linux-aarch64"]
+    assert cli.main(args) == 0
+    assert "build id: linux-aarch64-sageattention-abi3-cu130-python312" in capsys.readouterr().out
+
+
 def test_which_below_the_abi3_floor_names_the_per_torch_wheel(matrix):
     code, lines = which(matrix, EnvInfo("3.12", "linux", "2.5.0", "12.4"))
     assert code == 1
@@ -256,19 +303,23 @@ def test_which_below_the_abi3_floor_names_the_per_torch_wheel(matrix):
     assert code == 0 and lines[-1] == "  pip install sageattention-2.2.0-py3-none-any.whl"
 
 
-def test_which_sageattn3_has_no_abi3_wheel(matrix):
-    assert abi3_target(matrix, "sageattn3", "linux", "12.8") is None
+def test_which_names_sageattn3_s_abi3_wheel(matrix):
+    """sageattn3 has abi3 wheels (sage3-abi3): every torch from 2.9.0 on gets the wheel of its CUDA line."""
+    assert abi3_target(matrix, "sageattn3", "linux", "12.8").wheel_name == (
+        "sageattn3-1.0.0+cu12-cp310-abi3-linux_x86_64.whl"
+    )
     code, lines = which(matrix, EnvInfo("3.12", "linux", "2.9.0", "12.8"), "sageattn3")
     assert code == 0
-    assert lines == [
+    assert lines[:4] == [
         "environment: Python 3.12, platform linux, torch 2.9.0 (CUDA 12.8)",
-        "build id: linux-sageattn3-pytorch29-cu128-python312",
-        "wheel:    sageattn3-1.0.0+cu128torch2.9.0-cp312-cp312-linux_x86_64.whl",
-        "build it with:",
-        "  python -m sagebuild build --target linux-sageattn3-pytorch29-cu128-python312",
-        "then install it with:",
-        "  pip install wheelhouse/sageattn3-1.0.0+cu128torch2.9.0-cp312-cp312-linux_x86_64.whl",
+        "build id: linux-sageattn3-abi3-cu128-python312",
+        "wheel:    sageattn3-1.0.0+cu12-cp310-abi3-linux_x86_64.whl "
+        "(sageattn3-1.0.0+cu12-cp310-abi3-manylinux_2_28_x86_64.whl once repaired)",
+        "CUDA line 12: one abi3 wheel for torch CUDA 12.x, every torch >= 2.9.0 and Python >= 3.10",
     ]
+    code, lines = which(matrix, EnvInfo("3.12", "linux", "2.11.0", "13.0"), "sageattn3")
+    assert code == 0 and "wheel:    sageattn3-1.0.0-cp310-abi3-linux_x86_64.whl" in lines[2]
+    assert "  pip install sageattn3" in lines
 
 
 def test_which_with_an_index_of_abi3_wheels(wheels, matrix, tmp_path):

@@ -42,7 +42,7 @@ def rebuilt(raw: dict, edit) -> Matrix:
 
 
 @pytest.mark.parametrize("profile,count", sorted(RELEASE_COUNTS.items()))
-@pytest.mark.parametrize("platform", ["linux", "windows"])
+@pytest.mark.parametrize("platform", ["linux", "windows", "linux-aarch64"])
 def test_release_profile_counts(matrix, profile, count, platform):
     assert len(matrix.profile_targets(profile, platform=platform)) == count
 
@@ -54,8 +54,8 @@ def test_release_profiles_contents(matrix):
     assert stable == {("2.6.0", "12.6", "3.12"), ("2.7.0", "12.8", "3.12"), ("2.8.0", "12.9", "3.12")}
     py26 = [t.python for t in matrix.profile_targets("pytorch26", platform="windows")]
     assert py26 == ["3.9", "3.10", "3.11", "3.12"]
-    both = matrix.profile_targets("sage2-all")
-    assert len(both) == 20 and {t.platform for t in both} == {"linux", "windows"}
+    every = matrix.profile_targets("sage2-all")
+    assert len(every) == 30 and {t.platform for t in every} == {"linux", "windows", "linux-aarch64"}
 
 
 def test_release_wheel_names(matrix):
@@ -120,7 +120,15 @@ def test_default_archs_follow_cuda(matrix):
         ),
         (
             ("sageattention", "macos", "2.8.0", "12.9", "3.12"),
-            r"unknown platform 'macos'; valid: linux, windows",
+            r"unknown platform 'macos'; valid: linux, windows, linux-aarch64",
+        ),
+        (
+            ("sageattention", "linux-aarch64", "2.8.0", "12.8", "3.12"),
+            r"PyTorch 2.8.0 has no CUDA 12.8 build for linux-aarch64; there it ships CUDA 12.9",
+        ),
+        (
+            ("sageattention", "linux-aarch64", "2.14.1", "12.8", "3.12"),
+            r"PyTorch 2.14.1 has no CUDA 12.8 build for linux-aarch64; there it ships CUDA 13.0",
         ),
         (("sageattn3", "linux", "2.8.0", "12.9", "3.12"), r"sageattn3 needs PyTorch >= 2.9.0"),
         (("flashattn", "linux", "2.8.0", "12.9", "3.12"), r"unknown package 'flashattn'"),
@@ -320,3 +328,129 @@ def test_a_combination_left_out_without_a_word_is_refused(matrix):
 
     with pytest.raises(MatrixError, match="left_out note for cuda 12.9 gives no why"):
         rebuilt(matrix.raw, no_why)
+
+
+# ----------------------------------------------------------------------------------------------------
+# linux-aarch64: what PyTorch publishes there is data (platform_cuda), and so is what is left out
+
+
+def test_aarch64_builds_what_pytorch_publishes_there(matrix):
+    arm = matrix.platforms["linux-aarch64"]
+    assert (arm.system, arm.wheel_platform, arm.repair_platform) == (
+        "Linux",
+        "linux_aarch64",
+        "manylinux_2_28_aarch64",
+    )
+    assert arm.runner == "ubuntu-24.04-arm" and arm.docker_platform == "linux/arm64"
+    abi3 = {t.cuda: t for t in matrix.profile_targets("abi3-release", platform="linux-aarch64")}
+    assert {c: (t.torch, t.id, t.wheel_name) for c, t in abi3.items()} == {
+        "13.0": (
+            "2.14.1",
+            "linux-aarch64-sageattention-abi3-cu130-python312",
+            "sageattention-2.2.0-cp310-abi3-linux_aarch64.whl",
+        ),
+        # 2.14.1 has no aarch64 CUDA 12.8 build: the CUDA 12 line is built with 2.11.0
+        "12.8": (
+            "2.11.0",
+            "linux-aarch64-sageattention-abi3-cu128-python312",
+            "sageattention-2.2.0+cu12-cp310-abi3-linux_aarch64.whl",
+        ),
+    }
+    # the x86_64 builds of the set are unchanged by the aarch64-only entry
+    assert {t.torch for t in matrix.profile_targets("abi3-release", platform="linux")} == {"2.14.1"}
+    assert matrix.torch["2.8.0"].cuda_on("linux-aarch64") == ("12.9",)
+    assert matrix.torch["2.8.0"].cuda_on("linux") == ("12.6", "12.8", "12.9")
+    release = {(t.torch, t.cuda) for t in matrix.profile_targets("release-cu128", platform="linux-aarch64")}
+    assert release == {("2.7.0", "12.8"), ("2.9.0", "12.8")}  # no aarch64 CUDA 12.8 build of 2.8.0
+    current = matrix.profile_targets("pytorch214", platform="linux-aarch64")
+    assert {t.cuda for t in current} == {"13.0"} and len(current) == 5
+    assert matrix.torch["2.14.1"].registry_cuda["linux-aarch64"] == "13.0"
+    assert matrix.torch["2.10.0"].registry_cuda["linux-aarch64"] is None
+
+
+def test_aarch64_gaps_are_explained_and_rendered(matrix):
+    from sagebuild import docs
+
+    notes = matrix.platform_left_out("linux-aarch64")
+    explained = {(name, combo) for note in notes for name, combo in note["combos"]}
+    assert ("sage2-release-cu128", ("2.8.0", "12.8", "3.12")) in explained
+    assert ("sage2-abi3", ("2.14.1", "12.8", "3.12")) in explained
+    assert {c[0] for n, c in explained if n == "sage2-current"} == {"2.12.1", "2.13.0", "2.14.1"}
+    for name in matrix.sets:  # every gap of every set has its note
+        gaps = {(name, combo) for combo, _ in matrix.platform_dropped(name, "linux-aarch64")}
+        assert gaps <= explained
+    assert matrix.platform_left_out("linux") == [] and matrix.platform_dropped("sage2-abi3", "linux") == []
+    text = docs.render(matrix)
+    section = text[text.index("## Left out of the build sets") : text.index("## Profiles")]
+    row = next(line for line in section.splitlines() if line.startswith("| `sage2-abi3` |"))
+    assert "| linux-aarch64 |" in row and "PyTorch 2.14.1; CUDA 12.8; Python 3.11, 3.12" in row
+    assert "has no CUDA 12.8 build for linux-aarch64 (it ships 13.0 there)" in row
+    assert "| 2.8.0 | `280` | 12.6, 12.8, 12.9 (linux-aarch64: 12.9) |" in text
+
+
+def test_aarch64_gaps_without_a_word_are_refused(raw):
+    def no_note(data):
+        data["platforms"]["linux-aarch64"]["left_out"] = data["platforms"]["linux-aarch64"]["left_out"][:1]
+
+    with pytest.raises(
+        MatrixError,
+        match=r"set sage2-abi3: linux-aarch64 lacks torch 2\.14\.1 \+ CUDA 12\.8 \+ Python 3\.11 .*"
+        r"add a left_out note under platforms\.linux-aarch64",
+    ):
+        rebuilt(raw, no_note)
+
+    def stale(data):
+        data["platforms"]["linux-aarch64"]["left_out"].append({"torch": "2.6.0", "why": "old"})
+
+    with pytest.raises(
+        MatrixError, match="platform linux-aarch64: the left_out note for torch 2.6.0 matches no"
+    ):
+        rebuilt(raw, stale)
+
+    def not_a_build(data):
+        data["torch"]["2.6.0"]["platform_cuda"]["linux-aarch64"] = ["12.6", "12.8"]
+
+    with pytest.raises(
+        MatrixError, match=r"platform_cuda gives linux-aarch64 CUDA 12\.8, which is not among"
+    ):
+        rebuilt(raw, not_a_build)
+
+    def wrong_plain_index(data):
+        data["torch"]["2.14.1"]["registry_cuda"]["linux-aarch64"] = "12.8"
+
+    with pytest.raises(
+        MatrixError, match=r"CUDA 12\.8 on linux-aarch64, which is not one of its CUDA builds"
+    ):
+        rebuilt(raw, wrong_plain_index)
+
+    def unknown(data):
+        data["cuda"]["13.0"]["pip"]["platforms"] = ["linux", "linux-riscv64"]
+        data["sets"]["sage2-abi3"]["builds"][1]["platforms"] = ["linux-arm"]
+
+    with pytest.raises(MatrixError, match="pip.platforms names unknown platform 'linux-riscv64'") as err:
+        rebuilt(raw, unknown)
+    assert "a build entry names unknown platform 'linux-arm'" in str(err.value)
+
+
+def test_aarch64_toolkits_come_from_where_the_matrix_says(matrix, raw):
+    """The CUDA 13 pip packages have aarch64 wheels (pip: platforms): sagebuild installs them there as
+    on x86_64; CUDA 12 has no nvcc on the index, so the installer; a platform the packages do not list
+    gets the installer too."""
+    from sagebuild import ci
+
+    cu13 = matrix.find_target("linux-aarch64-sageattention-abi3-cu130-python312")
+    cu12 = matrix.find_target("linux-aarch64-sageattention-abi3-cu128-python312")
+    assert ci.toolkit_plan(matrix, cu13).source == "pip"
+    plan = ci.toolkit_plan(matrix, cu12)
+    assert plan.source == "installer" and plan.release == "12.8.1" and "nvcc" in plan.sub_packages
+
+    def x86_only(data):
+        data["cuda"]["13.0"]["pip"]["platforms"] = ["linux", "windows"]
+
+    narrowed = rebuilt(raw, x86_only)
+    plan = ci.toolkit_plan(narrowed, narrowed.find_target(cu13.id))
+    assert plan.source == "installer" and "no CUDA 13.0 toolkit packages for linux-aarch64" in plan.reason
+    assert (
+        ci.toolkit_plan(narrowed, narrowed.find_target("linux-sageattention-abi3-cu130-python312")).source
+        == "pip"
+    )

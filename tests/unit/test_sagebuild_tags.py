@@ -49,6 +49,12 @@ def test_documented_examples(matrix):
     )
     repaired = parse("sageattention-2.2.0-2141.130-cp311-cp311-manylinux_2_28_x86_64.whl", matrix)
     assert (repaired.torch, repaired.platform) == ("2.14.1", "linux")
+    arm = parse("sageattention-2.2.0-2141.130-cp311-cp311-manylinux_2_28_aarch64.whl", matrix)
+    assert (arm.torch, arm.platform, arm.platform_tag) == (
+        "2.14.1",
+        "linux-aarch64",
+        "manylinux_2_28_aarch64",
+    )
     pure = parse("sageattention-2.2.0-py3-none-any.whl", matrix)
     assert pure.kind == "pure" and pure.torch is None
 
@@ -111,9 +117,11 @@ def test_python_tag_round_trip(python):
         ("sageattention-2.2.0+cu13-cp310-abi3-linux_x86_64.whl", "is the default line"),
         ("sageattention-2.2.0+cu11-cp310-abi3-linux_x86_64.whl", "CUDA line 11 is not in build-matrix.yaml"),
         ("sageattention-2.2.0+cu128torch2.9.0-cp310-abi3-linux_x86_64.whl", "local version is its CUDA line"),
-        ("sageattn3-1.0.0-cp310-abi3-linux_x86_64.whl", "sageattn3 has no abi3 wheels"),
+        ("sageattn3-1.0.0-cp312-abi3-linux_x86_64.whl", "is tagged cp310-abi3, not cp312"),
+        ("sageattn3-1.0.0+cu128torch2.9.0-cp310-abi3-linux_x86_64.whl", "local version is its CUDA line"),
         ("sageattention-2.2.0-280.129-cp312.cp313-cp312-linux_x86_64.whl", "exactly one Python"),
         ("sageattention-2.2.0-280.129-cp312-cp312-macosx_14_0_arm64.whl", "is not one of ours"),
+        ("sageattention-2.2.0-280.129-cp312-cp312-manylinux_2_28_ppc64le.whl", "is not one of ours"),
         ("sageattention-2.2.0-280.129-pp310-pp310-linux_x86_64.whl", "not a CPython tag"),
         ("sageattn3-1.0.0-cp312-cp312-linux_x86_64.whl", "must carry the local version"),
         ("sageattn3-1.0.0+cu128torch2.9-cp312-cp312-linux_x86_64.whl", "is not cu{cuda}torch{version}"),
@@ -129,8 +137,41 @@ def test_malformed_names_rejected_with_reason(matrix, filename, reason):
     assert reason in str(info.value)
 
 
+def test_an_abi3_name_of_a_package_without_abi3_wheels_is_rejected(matrix):
+    entries = {k: v for k, v in matrix.abi3_entries().items() if k != "sageattn3"}
+    with pytest.raises(TagError, match="sageattn3 has no abi3 wheels"):
+        tags.parse_wheel_name("sageattn3-1.0.0-cp310-abi3-linux_x86_64.whl", matrix.torch, matrix.cuda,
+                              matrix.wheel_platforms(), matrix.naming(), entries)  # fmt: skip
+
+
+def test_sageattn3_abi3_names_decode_to_their_cuda_line(matrix):
+    for filename, line in (("sageattn3-1.0.0-cp310-abi3-linux_x86_64.whl", "13"),
+                           ("sageattn3-1.0.0+cu12-cp310-abi3-win_amd64.whl", "12")):  # fmt: skip
+        name = parse(filename, matrix)
+        got = (name.kind, name.project, name.cuda, name.torch, name.python)
+        assert got == ("abi3", "sageattn3", line, None, "3.10")
+
+
 def test_ambiguous_tag_rejected():
     with pytest.raises(TagError, match="ambiguous: it reads as 2.1.41 or 2.14.1"):
         tags.decode_torch_tag("2141", ["2.1.41", "2.14.1"])
     assert tags.decode_torch_tag("2141", ["2.14.1", "2.8.0"]) == "2.14.1"
     assert tags.decode_torch_tag("2100", ["2.10.0", "2.1.0"]) == "2.10.0"  # no part with a leading zero
+
+
+def test_a_manylinux_tag_belongs_to_the_platform_of_its_cpu():
+    """The repaired tag of a Linux platform is found from its wheel tag's CPU: no platform is named in
+    the code (``linux_aarch64`` -> manylinux_*_aarch64, whatever the platform is called)."""
+    platforms = {"linux": "linux_x86_64", "windows": "win_amd64", "arm": "linux_aarch64"}
+    for tag, platform in [
+        ("manylinux_2_28_x86_64", "linux"),
+        ("manylinux2014_x86_64", "linux"),
+        ("manylinux_2_28_aarch64", "arm"),
+        ("manylinux_2_17_aarch64", "arm"),
+        ("linux_aarch64", "arm"),
+        ("win_amd64", "windows"),
+        ("manylinux_2_28_ppc64le", None),
+        ("win_arm64", None),
+    ]:
+        assert tags.platform_of_tag(tag, platforms) == platform, tag
+    assert tags.platform_of_tag("manylinux_2_28_aarch64", PLATFORMS) is None
