@@ -5,7 +5,8 @@
 # built from $BASELINE (a copy of that commit's sources) meanwhile; then both run the same speed and
 # host-overhead benchmarks, one after the other, so that their ratios hold.
 # Usage: OUT=/dir WHEEL=path/to.whl BASELINE=.baseline [OVERLAY=1] [SPEED=0] [HOST_ROUNDS=3]
-#        [EXTRA="native backward parity accuracy"] [PYTEST_ARGS=...] bash bench/abi3_compare.sh
+#        [EXTRA="native backward parity accuracy masks integration"] [EXTRA_WHEELS="a.whl b.whl"] [PYTEST_ARGS=...]
+#        bash bench/abi3_compare.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 repo=$(pwd)
@@ -17,6 +18,10 @@ step() { echo "== $* ($(date +%T))"; }
 if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
 rm -rf /tmp/site /tmp/base /tmp/basewheel /tmp/benchroot
 python -m pip install -q --no-deps --no-index --target /tmp/site "$WHEEL" || exit 1
+# EXTRA_WHEELS: wheels of clients and peers (diffusers, comfy-kitchen) beside it, without their dependencies.
+if [ -n "${EXTRA_WHEELS:-}" ]; then
+  python -m pip install -q --no-deps --no-index --no-compile --target /tmp/site $EXTRA_WHEELS || exit 1
+fi
 # OVERLAY=1: the checkout's Python files over the installed ones (a Python-only change on the wheel's modules).
 if [ "${OVERLAY:-0}" = 1 ]; then
   cp "$repo"/sageattention/*.py /tmp/site/sageattention/ && cp "$repo"/sageattention/triton/*.py /tmp/site/sageattention/triton/
@@ -95,6 +100,16 @@ for extra in ${EXTRA:-}; do
       step "training: where the gradient error comes from"
       (cd /tmp && PYTHONPATH=/tmp/site timeout 200 python "$repo/bench/backward_accuracy.py" \
         --out "$OUT/backward-accuracy.json" 2>&1 | tail -60) ;;
+    masks)
+      step "key-padding masks against torch SDPA and comfy-kitchen (prefix, then random kept keys)"
+      (cd /tmp/benchroot && PYTHONPATH=/tmp/site timeout 240 python bench/masks.py --out "$OUT/masks.json" 2>&1 \
+        | tail -6 && PYTHONPATH=/tmp/site timeout 240 python bench/masks.py --random --out "$OUT/masks-random.json" \
+        2>&1 | tail -6) ;;
+    integration)
+      step "the integrations end to end, their tables printed (diffusers and transformers from EXTRA_WHEELS or the image)"
+      (cd /tmp && PYTHONPATH=/tmp/site timeout "${INTEGRATION_TIMEOUT:-200}" python -m pytest -q -s -p no:cacheprovider \
+        -c /dev/null -o "markers=gpu: needs a CUDA GPU" --rootdir "$repo/tests" "$repo/tests/gpu/test_integration.py" \
+        >"$OUT/integration.txt" 2>&1; tail -3 "$OUT/integration.txt") ;;
     native)
       step "host time by layer"
       (cd /tmp && PYTHONPATH=/tmp/site timeout 120 python "$repo/bench/host_native.py" --out "$OUT/host-native.json" \

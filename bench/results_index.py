@@ -32,6 +32,8 @@ KINDS = {
     "gpu-tests": "a GPU test-suite log",
     "host-overhead": "host time per call against the GPU's (bench/host_overhead.py)",
     "integration": "diffusers and transformers models end to end (tests/gpu/test_integration.py)",
+    "masks": "key-padding masks: TOPS and accuracy against torch SDPA and comfy-kitchen with the same mask "
+    "(bench/masks.py)",
     "ncu": "Nsight Compute metrics of a kernel",
 }
 NAME = re.compile(

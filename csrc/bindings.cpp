@@ -371,9 +371,10 @@ void run_attn_sm90(sage::AttnSm90Args& args, const View& out, const View& lse, v
     args.lse = lse.ptr<float>();
     args.lse_strides = strides(lse);
   }
-  // The last wave's tiles split along the keys, where that pays (sm90/attn.h, AttnSm90Split).
+  // The last wave's tiles split along the keys, where that pays (sm90/attn.h, AttnSm90Split); with key
+  // lengths, whose batch entries have keys of their own, none is.
   const sage::AttnSm90Split split = split_plan_on(args, device);
-  if (split.parts > 1) {
+  if (split.parts > 1 && args.kv_len == nullptr) {
     args.split_first = split.first;
     args.split_parts = split.parts;
     args.split_partials = static_cast<float*>(partials);
@@ -763,13 +764,14 @@ SAGE_EXPORT int64_t sage_attn_sm90_workspace_bytes(int64_t b, int64_t hq, int64_
 // outputs in the workspace, then qk_int8_sv_f8_attn_sm90 on them, out of q's dtype. The same kernels on
 // the same data as the two ops, so the same bits, with one allocation for the intermediates and none of
 // them handed to Python. tensors: q, k, v, out [B, Hq, Nq, D] of q's dtype (HND or NHD memory), lse?,
-// workspace (sage_attn_sm90_workspace_bytes uint8); ints: is_causal, d_pad, smooth_k, return_lse;
-// floats: sm_scale, scale_mul.
+// workspace (sage_attn_sm90_workspace_bytes uint8), kv_len? (int32 [B]: batch entry b attends to its
+// first kv_len[b] keys; not with is_causal); ints: is_causal, d_pad, smooth_k, return_lse; floats:
+// sm_scale, scale_mul.
 SAGE_OP(attn_sm90) {
   return guarded([&] {
     SAGE_OP_BODY;
     const View q = a.tensor(0), k = a.tensor(1), v = a.tensor(2), out = a.tensor(3), lse = a.tensor(4),
-               workspace = a.tensor(5);
+               workspace = a.tensor(5), kv_len = a.tensor(6);
     const bool is_causal = a.flag(0), smooth_k = a.flag(2), return_lse = a.flag(3);
     const int64_t d_pad = a.integer(1);
     const bool with_corr = return_lse && smooth_k;
@@ -813,6 +815,14 @@ SAGE_OP(attn_sm90) {
     }
     set_sizes(args, qa.batch, qa.heads_q, qa.heads_kv, qa.nq, qa.nk, qa.head_dim, d_pad);
     args.causal = is_causal;
+    if (kv_len.defined()) {
+      SAGE_CHECK(kv_len.dtype == kI32 && kv_len.cuda && kv_len.device == q.device && kv_len.has_sizes({qa.batch}) &&
+                     kv_len.contiguous(),
+                 "kv_len must be a contiguous int32 tensor [", qa.batch, "] on ", DeviceOf{q}, ", got ",
+                 DtypeOf{kv_len}, " ", SizesOf{kv_len}, " on ", DeviceOf{kv_len});
+      SAGE_CHECK(!is_causal, "kv_len (key lengths) cannot be combined with is_causal");
+      args.kv_len = kv_len.ptr<int>();
+    }
     // The tile counter and the split tiles' counters: ints of the quantization's workspace that its launch
     // has zeroed (quant.h).
     args.tile_counter = reinterpret_cast<int*>(

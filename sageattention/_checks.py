@@ -244,6 +244,27 @@ def check_attn_mask(attn_mask: object, q: torch.Tensor, nk: int) -> torch.Tensor
     return attn_mask
 
 
+#: What a call's attn_mask is, for the choice of a backend (dispatch.Request.has_mask): none; a key-padding
+#: mask (bool, one row of keys per batch entry, broadcast over the heads and the queries, without
+#: is_causal); any other.
+NO_MASK, KEY_PADDING_MASK, ANY_MASK = 0, 1, 2
+
+
+def mask_kind(attn_mask: torch.Tensor | None, is_causal: bool) -> int:
+    """NO_MASK, KEY_PADDING_MASK or ANY_MASK for a checked mask (check_attn_mask). A key-padding mask has
+    size 1 or stride 0 (an expanded view) in its head and query dims; with is_causal it is ANY_MASK:
+    the key positions matter then (the sm90 kernel moves the kept keys to the front)."""
+    if attn_mask is None:
+        return NO_MASK
+    if is_causal or attn_mask.dtype != torch.bool:
+        return ANY_MASK
+    shape, strides = attn_mask.shape, attn_mask.stride()
+    for dim in range(max(len(shape) - 3, 0), len(shape) - 1):  # the head and query dims present
+        if shape[dim] != 1 and strides[dim] != 0:
+            return ANY_MASK
+    return KEY_PADDING_MASK
+
+
 def check_qk_quant_gran(value: object, valid: tuple[str, ...] | None = None) -> QKQuantGran:
     gran = parse_enum(QKQuantGran, value, "qk_quant_gran")
     if valid is not None and gran.value not in valid:

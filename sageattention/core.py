@@ -33,6 +33,7 @@ from ._checks import (
     check_quantization_backend,
     check_sm_scale,
     check_varlen,
+    mask_kind,
     resolve_aliases,
 )
 
@@ -146,7 +147,7 @@ def _attention(caller, forced, q, k, v, tensor_layout, is_causal, sm_scale, retu
     is_cuda = q.is_cuda
     name = dispatch.select(
         "cuda" if is_cuda else q.device.type, q.get_device() if is_cuda else q.device.index, q.dtype,
-        _dispatch_head_dim(head_dim), mask is not None, False, return_lse, forced, caller,
+        _dispatch_head_dim(head_dim), mask_kind(mask, is_causal), False, return_lse, forced, caller,
     )  # fmt: skip
     backend = dispatch.BACKENDS[name]
     if q.numel() == 0 or k.numel() == 0:  # no query or no key: nothing to launch, never a plan

@@ -43,20 +43,44 @@ KEY_BLOCK = 128
 
 
 def attention_sm90(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool, return_lse: bool,
-                   check: bool = True):  # fmt: skip
+                   check: bool = True, key_mask=None):  # fmt: skip
     """Quantized attention on HND views ([B, H, N, D], any strides with a unit last stride) of
     float16/bfloat16 tensors, D <= 128 and a multiple of 8, Hq a multiple of Hkv.
+
+    ``key_mask``: None, or a key-padding mask (a bool mask broadcastable to [B, Hq, Nq, Nk] whose head
+    and query dims have size 1 or stride 0, ``_checks.mask_kind``), not with ``is_causal``: the kept keys
+    of each batch entry are moved to the front (``compact_keys``) and the kernel attends to as many
+    keys as each batch entry keeps.
 
     Returns (out, lse): out [B, Hq, Nq, D] in q's dtype, stored like q; lse [B, Hq, Nq] float32
     (natural log, including the smooth-K correction) or None. ``check=False`` skips the input checks
     (cuda_common.check_qkv) for a caller that has made them already (sageattention's entry points).
     """
     cuda_common.start_call("sm90", q, k, v, check=check)
+    kv_len = None
+    if key_mask is not None:
+        if is_causal:
+            raise ValueError("attention_sm90: a key-padding mask cannot be combined with is_causal")
+        k, v, kv_len = compact_keys(k, v, key_mask)
     # The LSE correction (return_lse and smooth_k), K's scales per KEY_BLOCK keys and Vᵀ's key padding
     # (a multiple of 16) are the op's own (csrc/bindings.cpp, attn_sm90).
     out, lse = cuda_ops.call("attn_sm90", q, k, v, is_causal, sm_scale, *_op_args(q, sm_scale), smooth_k,
-                             return_lse, q.stride(1) < q.stride(2))  # fmt: skip
+                             return_lse, q.stride(1) < q.stride(2), kv_len)  # fmt: skip
     return out, (lse if return_lse else None)
+
+
+def compact_keys(k, v, key_mask):
+    """(k, v, kv_len) with each batch entry's kept keys first, in their order, and how many it keeps
+    (int32 [B]): attention over the first kv_len[b] keys of these is attention under the mask. k, v:
+    HND views [B, Hkv, Nk, D]; key_mask: bool, broadcastable to [B, H, Nq, Nk], size 1 or stride 0 in
+    its head and query dims. No value is read on the host: the call stays asynchronous and capturable."""
+    b, hkv, nk, d = k.shape
+    keep = key_mask.reshape((1,) * (4 - key_mask.dim()) + tuple(key_mask.shape))[:, 0, 0, :]
+    keep = keep.expand(b, nk)
+    kv_len = keep.sum(dim=-1, dtype=torch.int32)
+    order = torch.argsort(keep.logical_not().to(torch.uint8), dim=-1, stable=True)
+    index = order.view(b, 1, nk, 1).expand(b, hkv, nk, d)
+    return k.gather(2, index), v.gather(2, index), kv_len
 
 
 def _op_args(q, sm_scale: float) -> tuple:

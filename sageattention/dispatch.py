@@ -5,7 +5,7 @@ the request, its backend can run the request (device, head dim, mask, varlen) an
 available here (kernels built or importable). The last row, torch SDPA, takes everything else and
 warns once per distinct reason per process, saying why the quantized kernels were not used.
 
-    sm90                      CUDA sm90 kernel, else Triton FP8 (masks)
+    sm90                      CUDA sm90 kernel (key-padding masks too), else Triton FP8 (other masks)
     sm89, sm100, sm120, sm121 CUDA sm89 kernel, else Triton FP8 (Triton's FP8 path also runs on sm120+)
     sm80, sm86, sm87          CUDA sm80 kernel, else Triton FP16
     other sm80+ GPUs          Triton FP16
@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import torch
 
 from . import extensions, ops
-from ._checks import MAX_HEAD_DIM
+from ._checks import ANY_MASK, KEY_PADDING_MASK, MAX_HEAD_DIM, NO_MASK
 from .quant import PVDtype
 
 Capability = Optional[tuple]
@@ -39,10 +39,14 @@ class Request:
     capability: Capability  # (major, minor) of a CUDA GPU, None for any other device
     dtype: torch.dtype
     head_dim: int  # only its side of MAX_HEAD_DIM matters (the API passes 128 or 129)
-    has_mask: bool = False
+    has_mask: int = NO_MASK  # _checks.mask_kind: NO_MASK, KEY_PADDING_MASK or ANY_MASK (True: ANY_MASK)
     varlen: bool = False
     return_lse: bool = False
     is_hip: bool = False
+
+    def __post_init__(self) -> None:
+        if self.has_mask is True or self.has_mask is False:  # a mask or none, of whatever kind
+            object.__setattr__(self, "has_mask", ANY_MASK if self.has_mask else NO_MASK)
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,7 @@ class Backend:
     unavailable: Callable[[], str | None]  # None when available, else why not
     min_capability: Capability = None  # None: runs on any device
     exact_capability: Capability = None  # kernels for one arch only (sm90's wgmma)
-    masks: bool = False
+    masks: int = NO_MASK  # the masks it takes: none, key-padding masks (_checks.mask_kind) or any
     compiled: bool = False  # a compiled extension (its absence reads "not built")
     #: (q, k, v, *, nhd, is_causal, sm_scale, smooth_k, return_lse) -> a function of (q, k, v) that
     #: serves later calls of that signature, or None (see call_plan); None: the backend has none
@@ -80,7 +84,9 @@ class Backend:
             return f"needs {sm(self.min_capability)} or newer, this GPU is {arch}"
         if req.head_dim > MAX_HEAD_DIM:
             return f"head_dim > {MAX_HEAD_DIM}"
-        if req.has_mask and not self.masks:
+        if req.has_mask > self.masks:
+            if self.masks == KEY_PADDING_MASK:
+                return "attn_mask other than a key-padding mask (bool [B, 1, 1, Nk] without is_causal)"
             return "no attn_mask support"
         if req.varlen and self.varlen is None:
             return "no variable-length (packed) support"
@@ -155,7 +161,7 @@ def _cuda_dense(arch: str) -> Callable:
 
 CUDA_SM90 = Backend(
     "cuda_sm90", "CUDA sm90 kernel (INT8 QK, FP8 PV, wgmma)", PVDtype.FP8, _cuda_dense("sm90"), None,
-    _cuda("sm90"), min_capability=(9, 0), exact_capability=(9, 0), compiled=True,
+    _cuda("sm90"), min_capability=(9, 0), exact_capability=(9, 0), masks=KEY_PADDING_MASK, compiled=True,
     no_image=_cuda_image("sm90"), plan=_cuda_plan("sm90"),
 )  # fmt: skip
 CUDA_SM89 = Backend(
@@ -168,15 +174,15 @@ CUDA_SM80 = Backend(
 )  # fmt: skip
 TRITON_FP8 = Backend(
     "triton_fp8", "Triton (INT8 QK, FP8 PV)", PVDtype.FP8, ops.triton_attention, ops.triton_varlen,
-    _triton, min_capability=(8, 9), masks=True,
+    _triton, min_capability=(8, 9), masks=ANY_MASK,
 )  # fmt: skip
 TRITON_FP16 = Backend(
     "triton_fp16", "Triton (INT8 QK, FP16 PV)", PVDtype.FP16, ops.triton_attention, ops.triton_varlen,
-    _triton, min_capability=(8, 0), masks=True,
+    _triton, min_capability=(8, 0), masks=ANY_MASK,
 )  # fmt: skip
 SDPA = Backend(
     "sdpa", "torch scaled_dot_product_attention (not quantized)", None, ops.sdpa_attention, ops.sdpa_varlen,
-    _here, masks=True,
+    _here, masks=ANY_MASK,
 )  # fmt: skip
 
 BACKENDS = {b.name: b for b in (CUDA_SM90, CUDA_SM89, CUDA_SM80, TRITON_FP8, TRITON_FP16, SDPA)}
@@ -187,7 +193,8 @@ _AMPERE = ((8, 0), (8, 6), (8, 7))
 #: On sm90 the CUDA kernel leads the Triton FP8 kernels at every length (H100, b=4 h=32 d=128 bf16,
 #: full call TOPS, CUDA against Triton, bench/results/attention-NVIDIA_H100_80GB_HBM3-2026-11-23b.json:
 #: non-causal n=1024 303 / 155, 4096 639 / 543, 16384 793 / 556; causal 183 / 53, 483 / 436, 707 /
-#: 600; b=1 h=24 n=4608 589 / 475). Triton serves what the CUDA kernel does not take (masks).
+#: 600; b=1 h=24 n=4608 589 / 475). Triton serves what the CUDA kernel does not take (masks other than
+#: key-padding masks).
 TABLE = (
     Entry("sm90: CUDA sm90 kernel", _archs((9, 0)), CUDA_SM90),
     Entry("sm90: Triton FP8", _archs((9, 0)), TRITON_FP8),
@@ -282,7 +289,7 @@ def select(
     index: int | None,
     dtype: torch.dtype,
     head_dim: int,
-    has_mask: bool,
+    has_mask: int,
     varlen: bool,
     return_lse: bool,
     forced: str | None = None,

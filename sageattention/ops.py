@@ -105,11 +105,12 @@ def cuda_attention(q, k, v, *, arch, attn_mask, is_causal, sm_scale, return_lse,
     lse or None). ``options["pv_accum"]`` picks the accumulation of the sm80/sm89 kernels (_pv_accum).
 
     Head dims that are not a multiple of 8 (the kernels store 16-byte rows) go through the Triton
-    kernels of the same P·V precision, which compute the same quantized attention."""
-    if attn_mask is not None:
-        raise AssertionError("dispatch routes masked calls to the Triton kernels")
+    kernels of the same P·V precision, which compute the same quantized attention. ``attn_mask``: None,
+    or on sm90 a key-padding mask (dispatch routes no other)."""
+    if attn_mask is not None and arch != "sm90":
+        raise AssertionError("dispatch routes masked calls to the Triton kernels or the sm90 kernel")
     if q.shape[-1] % 8:
-        return triton_attention(q, k, v, attn_mask=None, is_causal=is_causal, sm_scale=sm_scale,
+        return triton_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, sm_scale=sm_scale,
                                 return_lse=return_lse, smooth_k=smooth_k, pv=pv, options={})  # fmt: skip
     # The entry points have checked q, k and v (_checks.check_qkv) and dispatch the head dims the kernels
     # take: the launchers need not check them again (check=False).
@@ -123,7 +124,7 @@ def cuda_attention(q, k, v, *, arch, attn_mask, is_causal, sm_scale, return_lse,
     launcher = getattr(module, name)  # looked up at call time: tests put stand-ins there
     if arch == "sm90":
         return launcher(q, k, v, is_causal=is_causal, sm_scale=sm_scale, smooth_k=smooth_k,
-                        return_lse=return_lse, check=False)  # fmt: skip
+                        return_lse=return_lse, check=False, key_mask=attn_mask)  # fmt: skip
     return launcher(q, k, v, is_causal=is_causal, sm_scale=sm_scale, smooth_k=smooth_k, return_lse=return_lse,
                     check=False, pv_accum=_pv_accum(arch, options))  # fmt: skip
 

@@ -61,12 +61,14 @@ def key_loop(code: list[tuple[int, str]]) -> list[tuple[int, str]]:
 
 
 def kernel_label(name: str) -> str:
-    """'d128 causal bf16' and the like, from a mangled attn_int8_fp8_sm90_kernel<D, kCausal, OutT> name."""
-    found = re.search(r"kernelILi(\d+)ELb([01])E(\d+)(\w+?)EEv", name)
+    """'d128 causal bf16', 'd64 non-causal fp16 key-lengths' and the like, from a mangled
+    attn_int8_fp8_sm90_kernel<D, kCausal, OutT, kKeyLens> name."""
+    found = re.search(r"kernelILi(\d+)ELb([01])E\d+(__nv_bfloat16|__half)Lb([01])EE", name)
     if not found:
         raise ValueError(f"not an sm90 attention kernel: {name}")
-    out = {"__nv_bfloat16": "bf16", "__half": "fp16"}[found.group(4)]
-    return f"d{found.group(1)} {'causal' if found.group(2) == '1' else 'non-causal'} {out}"
+    out = {"__nv_bfloat16": "bf16", "__half": "fp16"}[found.group(3)]
+    lengths = " key-lengths" if found.group(4) == "1" else ""
+    return f"d{found.group(1)} {'causal' if found.group(2) == '1' else 'non-causal'} {out}{lengths}"
 
 
 def loop_record(code: list[tuple[int, str]]) -> dict[str, object]:

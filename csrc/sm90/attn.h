@@ -45,6 +45,11 @@ struct AttnSm90Args {
   float* lse;                // [B, Hq, Nq] natural-log LSE; null when not wanted
   Strides3 lse_strides;
   int batch, heads_q, heads_kv, nq, nk, head_dim, d_pad;
+  // [B] int32: batch entry b attends to its keys 0 .. kv_len[b] - 1 only (0 <= kv_len[b] <= nk; 0:
+  // its rows give 0 and an LSE of -inf); null: every batch entry to all nk keys. A key-padding mask
+  // becomes this once the kept keys are moved to the front (sageattention/cuda_sm90.py). Not with a
+  // split (split_parts > 1).
+  const int* kv_len;
   bool causal;               // top-left aligned: query i sees keys j <= i
   // 1 + kSm90SplitCounters ints, zero at launch, for this launch alone: [0] the counter the kernel's
   // CTAs draw their tiles from, then the split tiles' counters (AttnSm90Split).
@@ -91,7 +96,7 @@ AttnSm90Split attn_sm90_split_plan(int batch, int heads_q, int nq, int nk, int d
 // Checks nothing the caller already checked (bindings.cpp). Returns cudaErrorInvalidValue for a
 // d_pad other than 64 or 128, a head_dim that is not a multiple of 8 or exceeds d_pad, no
 // tile_counter, 2^31 tiles (64 x consumer warpgroups query rows of one head each) or more, a split
-// (split_parts > 1) of causal attention, with more than kSm90MaxSplitParts parts or parts of no key
+// (split_parts > 1) of causal attention or with kv_len, with more than kSm90MaxSplitParts parts or parts of no key
 // block, more counters than kSm90SplitCounters or no workspace, or tensors the TMA unit cannot describe;
 // cudaErrorNoKernelImageForDevice on a GPU other than sm_90; cudaErrorNotSupported when the driver has
 // no cuTensorMapEncodeTiled.

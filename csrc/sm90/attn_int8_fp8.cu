@@ -173,15 +173,17 @@ struct Cta {
 // A tile as the producer hands it to the consumers, decoded by the producer (Work, TileOf): what the
 // consumers need at the tile's start, read from shared memory. (Decoded by every consumer warp there,
 // with its integer divisions, it was about 250 instructions on each warpgroup's way into the tile;
-// the kernels ran 1-3% slower, d=64 causal 7%, bench/NOTES.md.) No consumer reads `part`: they decode
-// the tile again for its last key block and the epilogue (see there). It stays because the kernels were
-// measured with this layout (without it, ptxas allocates the registers differently throughout).
+// the kernels ran 1-3% slower, d=64 causal 7%, bench/NOTES.md.) No consumer reads `part` as a part: they
+// decode the tile again for its last key block and the epilogue (see there). It stays because the kernels
+// were measured with this layout (without it, or with a field more, ptxas allocates the registers
+// differently throughout); the kKeyLens kernels, which split nothing, hand the consumers the keys of the
+// tile's batch entry in it.
 struct TileTask {
   int work;      // the work item's tile (drawn_tile), -1: no more
   int m0, h, b;  // its first query row, query head and batch (TileOf)
   int hk;        // its K/V head
   int kb0, kb1;  // its key blocks [kb0, kb1) (Work)
-  int part;      // Work::slot: a part's slot among the launch's parts, -1 for a whole tile
+  int part;      // Work::slot: a part's slot among the launch's parts, -1 for a whole tile; kKeyLens: keys_of
 };
 
 struct Barriers {
@@ -541,6 +543,16 @@ __device__ __forceinline__ int wg_blocks(int m0, int w, int nk) {
   return ((kCausal ? min(nk, m0 + (w + 1) * kWgRows) : nk) + kBlockN - 1) / kBlockN;
 }
 
+// The keys batch entry b attends to (AttnSm90Args::kv_len; nk without it).
+// kKeyLens: the kernels that take AttnSm90Args::kv_len (a kernel of their own: in the others, the keys
+// of a batch entry read from memory instead of a parameter cost registers around the key loop, which
+// then spilled). The producer reads them and hands them to the consumers in the tile's slot. A tile runs through one key block at least, so that a batch entry without keys
+// runs one block with every key masked, which gives its rows 0 and an LSE of -inf. (TileTask::part)
+template <bool kKeyLens>
+__device__ __forceinline__ int keys_of(const AttnSm90Args& p, int b) { return kKeyLens ? __ldg(p.kv_len + b) : p.nk; }
+template <bool kKeyLens>
+__device__ __forceinline__ int loop_keys(int keys) { return kKeyLens ? max(keys, 1) : keys; }
+
 // A work item the CTAs draw: a whole tile, or one part of a split tile (AttnSm90Split), with the key
 // blocks it covers. Items below `first` are the tiles of the same index; from `first` on, item first +
 // j is part j % parts of tile first + j / parts, its blocks [part * blocks / parts, (part + 1) * blocks
@@ -635,7 +647,7 @@ __device__ __forceinline__ bool merge_parts(const AttnSm90Args& p, int slot, int
   return true;
 }
 
-template <int D, bool kCausal, typename OutT>
+template <int D, bool kCausal, typename OutT, bool kKeyLens>
 __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
     attn_int8_fp8_sm90_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                               const __grid_constant__ CUtensorMap tm_v, const __grid_constant__ CUtensorMap tm_o,
@@ -742,7 +754,7 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
         const int work = drawn_tile<kCausal>(p, tile, blocks_m);
         const Work wk = Work::of<kCausal>(p, work);
         const Tile tl(wk.tile, blocks_m, p.heads_q);
-        const int m0 = tl.m0(), hk = tl.h / (p.heads_q / p.heads_kv);
+        const int m0 = tl.m0(), hk = tl.h / (p.heads_q / p.heads_kv), keys = keys_of<kKeyLens>(p, tl.b);
         if (leader) {
           TileTask& task = bar.task[slot];
           task.work = work;
@@ -752,13 +764,13 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
           task.hk = hk;
           task.kb0 = wk.kb0;
           task.kb1 = wk.kb1;
-          task.part = wk.slot;
+          task.part = kKeyLens ? keys : wk.slot;
           mbar_arrive(&bar.tile_full[slot]);  // release: the consumers' wait orders the slot's reads after it
         }
         const float* ks_base = p.k_scale + tl.b * p.k_scale_strides.b + hk * p.k_scale_strides.h;
         // The consumer warpgroups that hold a row below Nq; the others skip the tile.
         const int active_wgs = min(kWgs, (p.nq - m0 + kWgRows - 1) / kWgRows);
-        const int cta_end = min(wg_blocks<kCausal>(m0, active_wgs - 1, p.nk), wk.kb1);
+        const int cta_end = min(wg_blocks<kCausal>(m0, active_wgs - 1, loop_keys<kKeyLens>(keys)), wk.kb1);
         int blk = wk.kb0;
         // Blocks blk .. upto - 1 of the tile into the ring.
         const auto fill = [&](int upto) {
@@ -866,8 +878,9 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
     {
       const int m0 = field(task.m0), kb0 = field(task.kb0), kb1 = field(task.kb1);
       const int active_wgs = min(kWgs, (p.nq - m0 + kWgRows - 1) / kWgRows);
-      cta_blocks = min(wg_blocks<kCausal>(m0, active_wgs - 1, p.nk), kb1) - kb0;
-      n_blocks = cw < active_wgs ? min(wg_blocks<kCausal>(m0, cw, p.nk), kb1) - kb0 : 0;
+      const int nk = kKeyLens ? loop_keys<kKeyLens>(field(task.part)) : p.nk;
+      cta_blocks = min(wg_blocks<kCausal>(m0, active_wgs - 1, nk), kb1) - kb0;
+      n_blocks = cw < active_wgs ? min(wg_blocks<kCausal>(m0, cw, nk), kb1) - kb0 : 0;
     }
     if (n_blocks > 0) {
       float q_scale[2];
@@ -986,9 +999,9 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
         const int warp_row0 = m0 + cw * kWgRows + warp * 16;
         row[0] = warp_row0 + group;
         row[1] = warp_row0 + group + 8;
-        const int n0 = (wk.kb0 + n_blocks - 1) * kBlockN;
+        const int n0 = (wk.kb0 + n_blocks - 1) * kBlockN, last_key = (kKeyLens ? field(task.part) : p.nk) - 1;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) limit[i] = (kCausal ? min(p.nk - 1, row[i]) : p.nk - 1) - n0 - 2 * quad;
+        for (int i = 0; i < 2; ++i) limit[i] = (kCausal ? min(last_key, row[i]) : last_key) - n0 - 2 * quad;
       };
       // At D = 128, a non-causal last block that lies wholly below Nk (every key block when Nk is a
       // multiple of 128, and every part of a split tile but the last) takes the unmasked softmax: about
@@ -997,7 +1010,7 @@ __global__ void __launch_bounds__(Cta<consumer_wgs(D)>::kThreads, 1)
       // 1.5-4% faster non-causal, the same outputs (bench/NOTES.md, run m). At D = 64 the same change
       // put a spill store in the non-causal key loop; those kernels keep the masked last block.
       if constexpr (kDecodeUnderQk) {
-        if (!kCausal && (field(task.kb0) + n_blocks) * kBlockN <= p.nk) {
+        if (!kCausal && (field(task.kb0) + n_blocks) * kBlockN <= (kKeyLens ? field(task.part) : p.nk)) {
           step(pos + n_blocks - 1, false, true, decode);
         } else {
           step(pos + n_blocks - 1, true, true, decode);
@@ -1172,7 +1185,7 @@ void plan_tile_order(AttnSm90Args& args, int rows, bool causal, int64_t grid) {
   }
 }
 
-template <int D, bool kCausal, typename OutT>
+template <int D, bool kCausal, typename OutT, bool kKeyLens>
 cudaError_t launch(const AttnSm90Args& in, cudaStream_t stream) {
   CUtensorMap tm_q, tm_k, tm_v, tm_o;
   constexpr int kWgs = consumer_wgs(D);
@@ -1186,7 +1199,7 @@ cudaError_t launch(const AttnSm90Args& in, cudaStream_t stream) {
     args.split_parts = 1;
   } else {
     const int blocks = (args.nk + kBlockN - 1) / kBlockN;
-    const bool split_ok = !kCausal && args.split_first >= 0 && args.split_first < tiles &&
+    const bool split_ok = !kCausal && args.kv_len == nullptr && args.split_first >= 0 && args.split_first < tiles &&
                           args.split_parts <= kSm90MaxSplitParts && args.split_parts <= blocks &&
                           args.split_partials != nullptr &&
                           (tiles - args.split_first) * kWgs <= kSm90SplitCounters;
@@ -1197,7 +1210,7 @@ cudaError_t launch(const AttnSm90Args& in, cudaStream_t stream) {
   cudaError_t err = make_maps<D>(args, &tm_q, &tm_k, &tm_v, &tm_o);
   if (err != cudaSuccess) return err;
   static_assert(sizeof(OutT) == 2, "make_maps describes the output as 2-byte elements");
-  auto* kernel = attn_int8_fp8_sm90_kernel<D, kCausal, OutT>;
+  auto* kernel = attn_int8_fp8_sm90_kernel<D, kCausal, OutT, kKeyLens>;
   constexpr int kSmem = Smem<D, kWgs>::kAlloc;  // above the 48 KiB default: opt in
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return err;
@@ -1215,15 +1228,18 @@ cudaError_t launch(const AttnSm90Args& in, cudaStream_t stream) {
                        tm_v, tm_o, args);
 }
 
-template <int D, bool kCausal>
+template <int D, bool kCausal, bool kKeyLens>
 cudaError_t launch_out(const AttnSm90Args& args, cudaStream_t stream) {
-  return args.out_type == HalfType::kFloat16 ? launch<D, kCausal, __half>(args, stream)
-                                             : launch<D, kCausal, __nv_bfloat16>(args, stream);
+  return args.out_type == HalfType::kFloat16 ? launch<D, kCausal, __half, kKeyLens>(args, stream)
+                                             : launch<D, kCausal, __nv_bfloat16, kKeyLens>(args, stream);
 }
 
+// Key lengths (kv_len) come without causal masking (the kept keys are moved to the front, so their
+// positions are not the keys'): non-causal kernels only.
 template <int D>
 cudaError_t launch_causal(const AttnSm90Args& args, cudaStream_t stream) {
-  return args.causal ? launch_out<D, true>(args, stream) : launch_out<D, false>(args, stream);
+  if (args.kv_len != nullptr) return args.causal ? cudaErrorInvalidValue : launch_out<D, false, true>(args, stream);
+  return args.causal ? launch_out<D, true, false>(args, stream) : launch_out<D, false, false>(args, stream);
 }
 
 }  // namespace

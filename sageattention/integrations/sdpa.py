@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import autograd, dispatch
-from .._checks import INPUT_DTYPES, _valid_dense, check_attn_mask, check_qkv, check_sm_scale
+from .._checks import INPUT_DTYPES, _valid_dense, check_attn_mask, check_qkv, check_sm_scale, mask_kind
 from ..core import _dispatch_head_dim, sageattn
 
 #: The client this integration was checked with (torch on an H100, and the CPU tests).
@@ -78,7 +78,7 @@ def reset() -> None:
     _kernels.clear()
 
 
-def _kernel_reason(device_type: str, index, dtype: torch.dtype, head_dim: int, has_mask: bool) -> str | None:
+def _kernel_reason(device_type: str, index, dtype: torch.dtype, head_dim: int, has_mask: int) -> str | None:
     key = (device_type, index, dtype, head_dim, has_mask)
     if key not in _kernels:
         request = dispatch.make_request(device_type, index, dtype, head_dim, has_mask)
@@ -91,7 +91,7 @@ def _kernel_reason(device_type: str, index, dtype: torch.dtype, head_dim: int, h
 
 
 @torch.compiler.assume_constant_result
-def _quantized_here(device_type: str, index, dtype: torch.dtype, head_dim: int, has_mask: bool) -> bool:
+def _quantized_here(device_type: str, index, dtype: torch.dtype, head_dim: int, has_mask: int) -> bool:
     return _kernel_reason(device_type, index, dtype, head_dim, has_mask) is None
 
 
@@ -194,7 +194,7 @@ class SageSDPA:
         dtype = cast or query.dtype
         if query.dim() > 0:  # which backend sageattn would pick: the library's dispatch table
             head_dim = _dispatch_head_dim(query.shape[-1])
-            decision = (device.type, device.index, dtype, head_dim, attn_mask is not None)
+            decision = (device.type, device.index, dtype, head_dim, mask_kind(attn_mask, is_causal))
             if not _quantized_here(*decision):
                 detail = "" if torch.compiler.is_compiling() else f": {_kernel_reason(*decision)}"
                 return f"sageattn has no quantized kernel for this call on {device.type}{detail}", None

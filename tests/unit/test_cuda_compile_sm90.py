@@ -25,8 +25,8 @@ Compile checks (skipped without nvcc, or with an nvcc that cannot target sm_90a)
   stored by TMA (UTMASTG), no STG but the LSE's; the key loops ptxas scheduled, as
   csrc/sm90/key_loops.json records them (tests/sm90_sass.py; checked with the recording nvcc only).
 
-The flags are the package's nvcc flags from build-matrix.yaml. About 15 s on 2 cores (8 kernels:
-head dim 64/128 x causal x fp16/bf16 output).
+The flags are the package's nvcc flags from build-matrix.yaml. About 20 s on 2 cores (12 kernels:
+head dim 64/128 x causal x fp16/bf16 output, and the non-causal ones with key lengths).
 """
 
 from __future__ import annotations
@@ -467,11 +467,12 @@ def test_sass_key_loops_match_the_record(sm90_sass):
 
 
 def test_key_loop_record_covers_every_kernel():
-    """The record names the eight kernels: head dim 64 and 128, causal or not, bf16 or fp16 output."""
+    """The record names the twelve kernels: head dim 64 and 128, causal or not, bf16 or fp16 output, and
+    the non-causal ones again with key lengths (kKeyLens)."""
     recorded = load_record(ROOT)
     expected = {
         f"d{d} {c} {t}" for d in (64, 128) for c in ("causal", "non-causal") for t in ("bf16", "fp16")
-    }
+    } | {f"d{d} non-causal {t} key-lengths" for d in (64, 128) for t in ("bf16", "fp16")}
     assert set(recorded["kernels"]) == expected
     for loop in recorded["kernels"].values():
         assert 300 <= loop["instructions"] <= 600 and re.fullmatch(r"[0-9a-f]{64}", loop["opcodes_sha256"])

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from sageattention import _native, cuda_sm89, dispatch, extensions, ops
+from sageattention._checks import ANY_MASK, KEY_PADDING_MASK, NO_MASK, mask_kind
 from sageattention.dispatch import Request
 from sageattention.quant import PVAccum, PVDtype
 
@@ -79,6 +80,30 @@ def test_masks_skip_the_cuda_kernels(built, capability):
     built(cuda=ALL_CUDA)
     name = chosen(req(capability, has_mask=True))
     assert name.startswith("triton_"), name
+
+
+@pytest.mark.parametrize(
+    "capability,expected", [((9, 0), "cuda_sm90"), ((8, 9), "triton_fp8"), ((8, 0), "triton_fp16")]
+)
+def test_key_padding_masks_take_the_sm90_kernel(built, capability, expected):
+    """The sm90 kernel takes key-padding masks (kv_len); other masks and the other families go to Triton."""
+    built(cuda=ALL_CUDA)
+    assert chosen(req(capability, has_mask=KEY_PADDING_MASK)) == expected
+    assert chosen(req(capability, has_mask=ANY_MASK)).startswith("triton_")
+    assert req(has_mask=True).has_mask == ANY_MASK and req(has_mask=False).has_mask == NO_MASK
+    _, reasons = dispatch.decide(req((9, 0), has_mask=ANY_MASK))
+    assert any("other than a key-padding mask" in r for r in reasons), reasons
+
+
+def test_mask_kinds():
+    keep = torch.ones(2, 1, 1, 8, dtype=torch.bool)
+    assert mask_kind(None, False) == NO_MASK
+    for m in (keep, keep.expand(2, 4, 5, 8), keep[0, 0], keep[0], keep[0, 0, 0]):
+        assert mask_kind(m, False) == KEY_PADDING_MASK, m.shape
+    assert mask_kind(keep, True) == ANY_MASK  # with is_causal
+    assert mask_kind(keep.float(), False) == ANY_MASK  # additive
+    assert mask_kind(torch.ones(5, 8, dtype=torch.bool), False) == ANY_MASK  # a row per query
+    assert mask_kind(torch.ones(2, 4, 1, 8, dtype=torch.bool), False) == ANY_MASK  # a row per head
 
 
 def test_varlen_skips_the_cuda_kernels(built):
@@ -204,7 +229,7 @@ def test_table_is_ordered_data_ending_with_sdpa():
 
 def test_sm90_takes_the_cuda_kernel(built):
     """Measured (dispatch.TABLE's note): the CUDA kernel leads Triton at every length; Triton stands in
-    when the kernel is missing, and masks stay with Triton."""
+    when the kernel is missing, and masks other than key-padding masks stay with Triton."""
     built(cuda=ALL_CUDA)
     assert chosen(req()) == "cuda_sm90"
     assert chosen(req(has_mask=True)) == "triton_fp8"

@@ -481,11 +481,13 @@ def test_real_shared_library_passes_and_its_halves_fail():
 # ----------------------------------------------------------------------------------------------------
 # The sm_90a key loops: the ones measured, or a note that the wheel's Hopper speed is unmeasured
 
-KERNELS = {  # label -> the mangled template arguments of attn_int8_fp8_sm90_kernel<D, kCausal, OutT>
-    f"d{d} {'causal' if c else 'non-causal'} {t}": f"ILi{d}ELb{c}E{o}EEv"
+# label -> the mangled template arguments of attn_int8_fp8_sm90_kernel<D, kCausal, OutT, kKeyLens>
+KERNELS = {
+    f"d{d} {'causal' if c else 'non-causal'} {t}{' key-lengths' * lens}": f"ILi{d}ELb{c}E{o}Lb{lens}EEEv"
     for d in (64, 128)
     for c in (0, 1)
     for t, o in (("bf16", "13__nv_bfloat16"), ("fp16", "6__half"))
+    for lens in ((0, 1) if c == 0 else (0,))
 }
 
 
@@ -528,9 +530,8 @@ def sm90_wheel(folder: Path, text: str) -> Path:
 def test_the_measured_key_loops_are_said(tmp_path, matrix, fake_cuobjdump, measured):
     report = verify_wheel(sm90_wheel(tmp_path, fake_attention_sass()), matrix, options(fake_cuobjdump))
     assert report.passed, report.render()
-    assert (
-        "✓ sm_90a key loops: the 8 measured ones (csrc/sm90/key_loops.json, nvcc V13.0.88)" in report.render()
-    )
+    said = "✓ sm_90a key loops: the 12 measured ones (csrc/sm90/key_loops.json, nvcc V13.0.88)"
+    assert said in report.render()
 
 
 def test_other_key_loops_are_a_note_not_a_failure(tmp_path, matrix, fake_cuobjdump, measured):
@@ -538,11 +539,11 @@ def test_other_key_loops_are_a_note_not_a_failure(tmp_path, matrix, fake_cuobjdu
     report = verify_wheel(sm90_wheel(tmp_path, fake_attention_sass(swapped)), matrix, options(fake_cuobjdump))
     assert report.passed, report.render()
     notes = [c.label for c in report.checks if c.status == "note"]
-    assert len(notes) == 1 and notes[0].startswith("sm_90a key loops: 2 of 8 differ from the measured ones")
+    assert len(notes) == 1 and notes[0].startswith("sm_90a key loops: 2 of 12 differ from the measured ones")
     assert "Hopper speed is unmeasured" in notes[0]
     for label in swapped:
         assert f"{label}: 70 instructions" in notes[0]
-    assert "! sm_90a key loops: 2 of 8 differ" in report.render()
+    assert "! sm_90a key loops: 2 of 12 differ" in report.render()
 
 
 def test_a_module_without_its_key_loops_fails(tmp_path, matrix, fake_cuobjdump, measured):
@@ -564,3 +565,77 @@ def test_key_loop_record_and_compare():
     assert key_loops.compare(fewer, record) == ["d64 causal bf16: not in this build"]
     with pytest.raises(ValueError, match="not an sm90 attention kernel"):
         key_loops.kernel_label("_ZN4sage12quant_kernelEv")
+
+
+AARCH64_ABI3 = "sageattention-2.2.0-cp310-abi3-manylinux_2_28_aarch64.whl"
+
+
+def aarch64_abi3_wheel(folder: Path, machine: int = EM_AARCH64, filename: str = AARCH64_ABI3) -> Path:
+    """The repaired abi3 wheel of linux-aarch64 (the default CUDA line), its modules for ``machine``."""
+    module = fake_library(b"SASS: sm_80 sm_90a\n", machine)
+    tag = filename[: -len(".whl")].split("-", 2)[2]
+    return make_wheel(
+        folder,
+        filename,
+        requires=("torch>=2.6.0",),
+        build=None,
+        tag=tag,
+        files={
+            "sageattention/__init__.py": b"",
+            "sageattention/_fused.abi3.so": module,
+            "sageattention/_qattn_sm80.abi3.so": module,
+        },
+        build_info={
+            "torch": "2.14.1",
+            "torch_cuda": "13.0",
+            "nvcc": "13.0.88",
+            "archs": ["8.0", "9.0a"],
+            "wheel_kind": "abi3",
+            "cuda_line": "13",
+            "extensions": {
+                "sageattention._fused": ["8.0", "9.0a"],
+                "sageattention._qattn_sm80": ["8.0", "9.0a"],
+            },
+        },
+    )
+
+
+def test_an_aarch64_abi3_wheel_is_decoded_and_checked(tmp_path, matrix, fake_cuobjdump):
+    """manylinux_2_28_aarch64 (and linux_aarch64, as built) is the linux-aarch64 platform's tag: the name,
+    WHEEL's tag and the modules' ELF machine are checked against it."""
+    report = verify_wheel(aarch64_abi3_wheel(tmp_path), matrix, options(fake_cuobjdump))
+    assert report.passed, report.render()
+    text = report.render()
+    said = {
+        "the line": "✓ abi3 wheel: CUDA 13.x line (the default line, no local version), every torch >= 2.6.0",
+        "the platform": "✓ platform: manylinux_2_28_aarch64 (linux-aarch64)",
+        "WHEEL": "✓ WHEEL: build (none), tag cp310-abi3-manylinux_2_28_aarch64",
+        "the CPU": "✓ binary sageattention/_fused.abi3.so: ELF64 aarch64 shared object",
+    }
+    assert [what for what, line in said.items() if line not in text] == [], text
+    built = tmp_path / "built"
+    built.mkdir()
+    report = verify_wheel(
+        aarch64_abi3_wheel(built, filename="sageattention-2.2.0-cp310-abi3-linux_aarch64.whl"),
+        matrix,
+        options(fake_cuobjdump),
+    )
+    assert report.passed and "✓ platform: linux_aarch64 (linux-aarch64)" in report.render()
+    # x86-64 modules in an aarch64 wheel are refused
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    report = verify_wheel(aarch64_abi3_wheel(wrong, EM_X86_64), matrix, options(fake_cuobjdump))
+    assert any("ELF machine 62, but the wheel is for aarch64" in f for f in failures(report)), report.render()
+
+
+def test_an_aarch64_per_torch_wheel_of_a_build_pytorch_does_not_publish_there_fails(tmp_path, matrix):
+    """PyTorch 2.8.0 has no aarch64 CUDA 12.8 build (platform_cuda): such a wheel names a torch that
+    cannot be installed there."""
+    tag = "cp312-cp312-manylinux_2_28_aarch64"
+    wheel = make_wheel(tmp_path, f"sageattention-2.2.0-280.128-{tag}.whl", build="280.128", tag=tag)
+    report = verify_wheel(wheel, matrix, options(None, allow_missing_cuobjdump=True))
+    assert "✓ platform: manylinux_2_28_aarch64 (linux-aarch64)" in report.render()
+    assert any(
+        "combination: PyTorch 2.8.0 has no CUDA 12.8 build for linux-aarch64; there it ships CUDA 12.9" in f
+        for f in failures(report)
+    ), report.render()
