@@ -28,6 +28,7 @@ from .core import (  # noqa: E402 - after the CUDA-line check, which must come f
     sageattn_varlen,
 )
 from .dispatch import SageAttentionFallbackWarning  # noqa: E402
+from .merge import merge_attention  # noqa: E402
 
 try:
     __version__ = version("sageattention")
@@ -37,6 +38,7 @@ except PackageNotFoundError:  # a source tree that was never installed
 __all__ = [
     "SageAttentionFallbackWarning",
     "__version__",
+    "merge_attention",
     "sageattn",
     "sageattn_qk_int8_pv_fp8_cuda",
     "sageattn_qk_int8_pv_fp8_cuda_sm90",

@@ -270,3 +270,51 @@ def lse_ref(q, k, *, is_causal=False, sm_scale=None, attn_mask=None, layout="HND
 def refs():
     """Namespace with lse_ref(...)."""
     return types.SimpleNamespace(lse_ref=lse_ref, inf=math.inf)
+
+
+# --------------------------------------------------------------------------------------------------
+# Attention over chunks of the keys, merged (the LSE contract of ring attention; test_lse_merge*.py)
+
+
+def _chunk(x: torch.Tensor, layout: str, start: int, stop: int) -> torch.Tensor:
+    return x.narrow(2 if layout == "HND" else 1, start, stop - start)
+
+
+def chunk_bounds(n: int, parts: int) -> list[int]:
+    """Uneven chunk bounds 0 < ... < n (not multiples of the kernels' 64- and 128-key blocks)."""
+    cuts = {2: [0.4], 3: [0.3, 0.55]}[parts]
+    return [0, *(int(n * c) for c in cuts), n]
+
+
+def ring(call, q, k, v, layout: str, bounds, **kw):
+    """Non-causal attention of all of q over each key chunk (``call``: sageattn or a variant), merged by
+    sageattention.merge_attention: (out float32, lse)."""
+    from sageattention import merge_attention
+
+    parts = [call(q, _chunk(k, layout, a, b), _chunk(v, layout, a, b), tensor_layout=layout, return_lse=True,
+                  **kw) for a, b in zip(bounds[:-1], bounds[1:])]  # fmt: skip
+    return merge_attention([o for o, _ in parts], [lse for _, lse in parts], layout)
+
+
+def causal_blocks(call, q, k, v, layout: str, bounds, **kw):
+    """Causal attention, query block j against key chunks 0..j (the last one causal: as many keys as
+    queries, so top-left alignment is exact), merged per block and the blocks concatenated: (out, lse)."""
+    from sageattention import merge_attention
+
+    outs, lses = [], []
+    for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        qj = _chunk(q, layout, a, b)
+        parts = []
+        for i in range(j + 1):
+            ki, vi = (_chunk(x, layout, bounds[i], bounds[i + 1]) for x in (k, v))
+            parts.append(call(qj, ki, vi, tensor_layout=layout, is_causal=i == j, return_lse=True, **kw))
+        o, lse = merge_attention([o for o, _ in parts], [lse for _, lse in parts], layout)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs, dim=2 if layout == "HND" else 1), torch.cat(lses, dim=-1)
+
+
+@pytest.fixture(scope="session")
+def chunks():
+    """Namespace of bounds(n, parts), ring(call, q, k, v, layout, bounds, **kw) and causal_blocks(...)."""
+    return types.SimpleNamespace(bounds=chunk_bounds, ring=ring, causal_blocks=causal_blocks)

@@ -31,20 +31,6 @@ GRAD_MIN_COS, GRAD_MAX_L1 = 0.999, 0.04
 N = 1536
 
 
-def _seq_dim(layout: str) -> int:
-    return 2 if layout == "HND" else 1
-
-
-def _chunk(x, layout, start, stop):
-    return x.narrow(_seq_dim(layout), start, stop - start)
-
-
-def _bounds(n: int, parts: int) -> list[int]:
-    """Uneven chunk bounds (not multiples of the kernels' 64- and 128-key blocks)."""
-    cuts = {2: [0.4], 3: [0.3, 0.55]}[parts]
-    return [0, *(int(n * c) for c in cuts), n]
-
-
 def _inputs(layout, hq, hkv, n, d=128, seed=0, requires_grad=False):
     gen = torch.Generator(device="cuda").manual_seed(seed)
 
@@ -54,47 +40,6 @@ def _inputs(layout, hq, hkv, n, d=128, seed=0, requires_grad=False):
         return x.requires_grad_() if requires_grad else x
 
     return make(hq), make(hkv), make(hkv)
-
-
-def merge(outs, lses, layout):
-    lse = torch.logsumexp(torch.stack(lses), dim=0)
-    out = 0
-    for o, part in zip(outs, lses):
-        w = torch.exp(part - lse).unsqueeze(-1)
-        if layout == "NHD":
-            w = w.transpose(1, 2)
-        out = out + w * o.float()
-    return out, lse
-
-
-def _ring(backend, q, k, v, layout, bounds):
-    outs, lses = [], []
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        o, lse = backend.call(
-            q, _chunk(k, layout, a, b), _chunk(v, layout, a, b), tensor_layout=layout, return_lse=True
-        )
-        outs.append(o)
-        lses.append(lse)
-    return merge(outs, lses, layout)
-
-
-def _causal_blocks(backend, q, k, v, layout, bounds):
-    outs, lses = [], []
-    for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
-        qj = _chunk(q, layout, a, b)
-        parts_o, parts_lse = [], []
-        for i in range(j + 1):
-            c0, c1 = bounds[i], bounds[i + 1]
-            o, lse = backend.call(
-                qj, _chunk(k, layout, c0, c1), _chunk(v, layout, c0, c1), tensor_layout=layout,
-                is_causal=i == j, return_lse=True,
-            )  # fmt: skip
-            parts_o.append(o)
-            parts_lse.append(lse)
-        o, lse = merge(parts_o, parts_lse, layout)
-        outs.append(o)
-        lses.append(lse)
-    return torch.cat(outs, dim=_seq_dim(layout)), torch.cat(lses, dim=-1)
 
 
 def _hnd(x, layout):
@@ -110,10 +55,10 @@ def _pv(backend):
 @pytest.mark.parametrize("hkv", [8, 2], ids=["mha", "gqa"])
 @pytest.mark.parametrize("parts", [2, 3])
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
-def test_chunks_merge_to_the_full_result(sage_backend, metrics, mma, layout, parts, hkv, causal):
+def test_chunks_merge_to_the_full_result(sage_backend, metrics, mma, chunks, layout, parts, hkv, causal):
     q, k, v = _inputs(layout, 8, hkv, N, seed=parts + 10 * causal)
-    bounds = _bounds(N, parts)
-    out, lse = (_causal_blocks if causal else _ring)(sage_backend, q, k, v, layout, bounds)
+    bounds = chunks.bounds(N, parts)
+    out, lse = (chunks.causal_blocks if causal else chunks.ring)(sage_backend.call, q, k, v, layout, bounds)
     full_out, full_lse = sage_backend.call(q, k, v, tensor_layout=layout, is_causal=causal, return_lse=True)
     ref_out, ref_lse = attention_ref(q, k, v, tensor_layout=layout, is_causal=causal, return_lse=True)
     assert out.shape == q.shape and lse.shape == full_lse.shape and lse.dtype == torch.float32
@@ -128,10 +73,10 @@ def test_chunks_merge_to_the_full_result(sage_backend, metrics, mma, layout, par
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
-def test_gradients_through_the_merge(sage_backend, layout, causal):
+def test_gradients_through_the_merge(sage_backend, chunks, layout, causal):
     q, k, v = _inputs(layout, 8, 2, N, seed=30 + causal, requires_grad=True)
-    bounds = _bounds(N, 3)
-    out, lse = (_causal_blocks if causal else _ring)(sage_backend, q, k, v, layout, bounds)
+    bounds = chunks.bounds(N, 3)
+    out, lse = (chunks.causal_blocks if causal else chunks.ring)(sage_backend.call, q, k, v, layout, bounds)
     gen = torch.Generator(device="cuda").manual_seed(7)
     dout = torch.randn(out.shape, device="cuda", generator=gen)
     dlse = torch.randn(lse.shape, device="cuda", generator=gen)

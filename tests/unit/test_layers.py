@@ -19,7 +19,7 @@ LAYERS = [
     {"ops"},  # the backends' entry points (compiled, Triton, torch SDPA)
     {"dispatch"},  # which backend serves a call
     {"autograd"},  # the backward
-    {"core"},  # the public functions
+    {"core", "merge"},  # the public functions
     {"__init__", "__main__", "integrations"},  # the package, its command line, the integrations
 ]
 SAME_LAYER = {("cuda_sm80", "cuda_common"), ("cuda_sm89", "cuda_common"), ("cuda_sm90", "cuda_common"),

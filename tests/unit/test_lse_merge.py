@@ -11,6 +11,7 @@ because the diagonal chunk has as many keys as the block has queries). Gradients
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import pytest
@@ -33,26 +34,6 @@ def _quiet():
         yield
 
 
-def _seq_dim(layout: str) -> int:
-    return 2 if layout == "HND" else 1
-
-
-def _chunk(x: torch.Tensor, layout: str, start: int, stop: int) -> torch.Tensor:
-    return x.narrow(_seq_dim(layout), start, stop - start)
-
-
-def merge(outs, lses, layout: str):
-    """Merge partial results (out_i in the caller's layout, lse_i float32 [B, H, N]): (out, lse)."""
-    lse = torch.logsumexp(torch.stack(lses), dim=0)
-    out = 0
-    for o, part in zip(outs, lses):
-        w = torch.exp(part - lse).unsqueeze(-1)  # [B, H, N, 1]
-        if layout == "NHD":
-            w = w.transpose(1, 2)
-        out = out + w * o.float()
-    return out, lse
-
-
 def _inputs(layout, dtype, hq, hkv, nq, nk, d=32, seed=0, requires_grad=False):
     gen = torch.Generator().manual_seed(seed)
 
@@ -62,45 +43,6 @@ def _inputs(layout, dtype, hq, hkv, nq, nk, d=32, seed=0, requires_grad=False):
         return x.requires_grad_() if requires_grad else x
 
     return make(hq, nq), make(hkv, nk), make(hkv, nk)
-
-
-def _bounds(n: int, parts: int) -> list[int]:
-    """Uneven chunk bounds: 0 < ... < n."""
-    cuts = {2: [0.4], 3: [0.3, 0.55]}[parts]
-    return [0, *(int(n * c) for c in cuts), n]
-
-
-def _ring(q, k, v, layout, bounds, **kw):
-    """Non-causal attention of all of q over each key chunk, merged."""
-    outs, lses = [], []
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        o, lse = sa.sageattn(
-            q, _chunk(k, layout, a, b), _chunk(v, layout, a, b), tensor_layout=layout, return_lse=True, **kw
-        )
-        outs.append(o)
-        lses.append(lse)
-    return merge(outs, lses, layout)
-
-
-def _causal_blocks(q, k, v, layout, bounds, **kw):
-    """Causal attention, query block j against key chunks 0..j (the last one causal), merged per block
-    and the blocks concatenated: (out, lse)."""
-    outs, lses = [], []
-    for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
-        qj = _chunk(q, layout, a, b)
-        parts_o, parts_lse = [], []
-        for i in range(j + 1):
-            c0, c1 = bounds[i], bounds[i + 1]
-            o, lse = sa.sageattn(
-                qj, _chunk(k, layout, c0, c1), _chunk(v, layout, c0, c1), tensor_layout=layout,
-                is_causal=i == j, return_lse=True, **kw,
-            )  # fmt: skip
-            parts_o.append(o)
-            parts_lse.append(lse)
-        o, lse = merge(parts_o, parts_lse, layout)
-        outs.append(o)
-        lses.append(lse)
-    return torch.cat(outs, dim=_seq_dim(layout)), torch.cat(lses, dim=-1)
 
 
 def _check(out, lse, full_out, full_lse, ref_out, ref_lse, dtype):
@@ -117,11 +59,11 @@ def _check(out, lse, full_out, full_lse, ref_out, ref_lse, dtype):
 @pytest.mark.parametrize("hkv", [4, 1], ids=["mha", "gqa"])
 @pytest.mark.parametrize("parts", [2, 3])
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
-def test_key_chunks_merge_to_the_full_call(layout, parts, hkv, dtype):
+def test_key_chunks_merge_to_the_full_call(chunks, layout, parts, hkv, dtype):
     q, k, v = _inputs(layout, dtype, 4, hkv, nq=37, nk=90, seed=parts)
     full_out, full_lse = sa.sageattn(q, k, v, tensor_layout=layout, return_lse=True)
     ref_out, ref_lse = attention_ref(q, k, v, tensor_layout=layout, return_lse=True)
-    out, lse = _ring(q, k, v, layout, _bounds(90, parts))
+    out, lse = chunks.ring(sa.sageattn, q, k, v, layout, chunks.bounds(90, parts))
     _check(out, lse, full_out, full_lse, ref_out, ref_lse, dtype)
 
 
@@ -129,36 +71,40 @@ def test_key_chunks_merge_to_the_full_call(layout, parts, hkv, dtype):
 @pytest.mark.parametrize("hkv", [4, 2], ids=["mha", "gqa"])
 @pytest.mark.parametrize("parts", [2, 3])
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
-def test_causal_blocks_merge_to_the_full_call(layout, parts, hkv, dtype):
+def test_causal_blocks_merge_to_the_full_call(chunks, layout, parts, hkv, dtype):
     q, k, v = _inputs(layout, dtype, 4, hkv, nq=70, nk=70, seed=10 + parts)
     full_out, full_lse = sa.sageattn(q, k, v, tensor_layout=layout, is_causal=True, return_lse=True)
     ref_out, ref_lse = attention_ref(q, k, v, tensor_layout=layout, is_causal=True, return_lse=True)
-    out, lse = _causal_blocks(q, k, v, layout, _bounds(70, parts))
+    out, lse = chunks.causal_blocks(sa.sageattn, q, k, v, layout, chunks.bounds(70, parts))
     _check(out, lse, full_out, full_lse, ref_out, ref_lse, dtype)
 
 
-def test_merge_with_the_flash_attention_keywords():
+def test_merge_with_the_flash_attention_keywords(chunks):
     """The call ring engines make: NHD, return_lse, causal= and softmax_scale= by keyword."""
     q, k, v = _inputs("NHD", torch.float16, 4, 2, nq=40, nk=40, seed=7)
     scale = 0.2
     common = {"tensor_layout": "NHD", "is_causal": True, "sm_scale": scale, "return_lse": True}
     full_out, full_lse = sa.sageattn(q, k, v, **common)
     ref_out, ref_lse = attention_ref(q, k, v, **common)
-    bounds = _bounds(40, 2)
-    outs, lses = [], []
-    for j, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
-        parts = [
-            sa.sageattn(
-                _chunk(q, "NHD", a, b), _chunk(k, "NHD", c0, c1), _chunk(v, "NHD", c0, c1),
-                tensor_layout="NHD", return_lse=True, causal=i == j, softmax_scale=scale,
-            )
-            for i, (c0, c1) in enumerate(zip(bounds[: j + 1], bounds[1 : j + 2]))
-        ]  # fmt: skip
-        o, lse = merge([p[0] for p in parts], [p[1] for p in parts], "NHD")
-        outs.append(o)
-        lses.append(lse)
-    out, lse = torch.cat(outs, dim=1), torch.cat(lses, dim=-1)
+
+    def flash_keywords(q, k, v, *, is_causal, **kw):
+        return sa.sageattn(q, k, v, causal=is_causal, softmax_scale=scale, **kw)
+
+    out, lse = chunks.causal_blocks(flash_keywords, q, k, v, "NHD", chunks.bounds(40, 2))
     _check(out, lse, full_out, full_lse, ref_out, ref_lse, torch.float16)
+
+
+def test_merge_attention_checks_and_rows_without_keys():
+    o = torch.ones(1, 2, 3, 4)
+    dead = torch.full((1, 2, 3), -math.inf)
+    out, lse = sa.merge_attention([o, 2 * o], [dead, dead])
+    assert not out.isnan().any() and not out.any() and bool((lse == -math.inf).all())
+    out, lse = sa.merge_attention([o, 2 * o], [dead, torch.zeros(1, 2, 3)])
+    assert torch.equal(out, 2 * o) and not lse.any()
+    with pytest.raises(ValueError, match="one LSE per output"):
+        sa.merge_attention([o], [])
+    with pytest.raises(ValueError, match="tensor_layout='BHND'"):
+        sa.merge_attention([o], [dead], "BHND")
 
 
 def _ref_grads(q, k, v, dout, dlse, layout, causal):
@@ -170,13 +116,13 @@ def _ref_grads(q, k, v, dout, dlse, layout, causal):
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
-def test_gradients_through_the_merge(layout, causal):
+def test_gradients_through_the_merge(chunks, layout, causal):
     """dQ, dK, dV of a loss on the merged output and LSE, through each chunk's output and LSE, against
     float64 autograd of the unchunked attention (and the unchunked call's own gradients)."""
     q, k, v = _inputs(layout, torch.float16, 4, 2, nq=48, nk=48, seed=21 + causal, requires_grad=True)
     gen = torch.Generator().manual_seed(5)
-    bounds = _bounds(48, 3)
-    out, lse = (_causal_blocks if causal else _ring)(q, k, v, layout, bounds)
+    bounds = chunks.bounds(48, 3)
+    out, lse = (chunks.causal_blocks if causal else chunks.ring)(sa.sageattn, q, k, v, layout, bounds)
     dout = torch.randn(out.shape, generator=gen)
     dlse = torch.randn(lse.shape, generator=gen)
     torch.autograd.backward((out, lse), (dout, dlse))
