@@ -51,7 +51,8 @@ def _shape_rows(lib, b, h, n, d, calls):
     size = cuda_ops._workspace(lib, "sage_attn_sm90_workspace_bytes", b, h, h, n, n, d, d_pad, True, False,
                                False, 0)  # fmt: skip
     ws = torch.empty(size, dtype=torch.uint8, device="cuda")
-    tensors, ints, floats = (q, k, v, out, None, ws, None), (False, d_pad, True, False), (sm_scale, scale_mul)
+    tensors = (q, k, v, out, None, ws, None, None)  # no LSE, no key lengths, no key order
+    ints, floats = (False, d_pad, True, False), (sm_scale, scale_mul)
     words = [w for t in tensors for w in _native._descriptor(t)]
     packed = ((ctypes.c_int64 * len(words))(*words), (ctypes.c_int64 * 4)(*ints),
               (ctypes.c_double * 2)(*floats))  # fmt: skip

@@ -765,17 +765,26 @@ SAGE_EXPORT int64_t sage_attn_sm90_workspace_bytes(int64_t b, int64_t hq, int64_
 // the same data as the two ops, so the same bits, with one allocation for the intermediates and none of
 // them handed to Python. tensors: q, k, v, out [B, Hq, Nq, D] of q's dtype (HND or NHD memory), lse?,
 // workspace (sage_attn_sm90_workspace_bytes uint8), kv_len? (int32 [B]: batch entry b attends to its
-// first kv_len[b] keys; not with is_causal); ints: is_causal, d_pad, smooth_k, return_lse; floats:
-// sm_scale, scale_mul.
+// first kv_len[b] keys; not with is_causal), key_order? (int32 [B, Nk], with kv_len: key t of batch entry
+// b is input row key_order[b, t] of k and v, which must then be 16-byte aligned; without it, key t is row
+// t); ints: is_causal, d_pad, smooth_k, return_lse; floats: sm_scale, scale_mul.
 SAGE_OP(attn_sm90) {
   return guarded([&] {
     SAGE_OP_BODY;
     const View q = a.tensor(0), k = a.tensor(1), v = a.tensor(2), out = a.tensor(3), lse = a.tensor(4),
-               workspace = a.tensor(5), kv_len = a.tensor(6);
+               workspace = a.tensor(5), kv_len = a.tensor(6), key_order = a.tensor(7);
     const bool is_causal = a.flag(0), smooth_k = a.flag(2), return_lse = a.flag(3);
     const int64_t d_pad = a.integer(1);
     const bool with_corr = return_lse && smooth_k;
     sage::QuantQkvArgs qa = qkv_inputs(q, k, v, smooth_k, a.real(0), a.real(1), d_pad, with_corr);
+    if (key_order.defined()) {
+      SAGE_CHECK(kv_len.defined(), "key_order comes with kv_len (the kept keys first, then how many)");
+      SAGE_CHECK(key_order.dtype == kI32 && key_order.cuda && key_order.device == q.device &&
+                     key_order.has_sizes({qa.batch, qa.nk}) && key_order.contiguous(),
+                 "key_order must be a contiguous int32 tensor [", qa.batch, ", ", qa.nk, "] on ", DeviceOf{q},
+                 ", got ", DtypeOf{key_order}, " ", SizesOf{key_order}, " on ", DeviceOf{key_order});
+      qa.key_order = key_order.ptr<int>();
+    }
     SAGE_CHECK(lse.defined() == return_lse, "lse must be passed exactly when return_lse is set");
     check_attn_outputs(out, lse, qa.batch, qa.heads_q, qa.nq, qa.head_dim, q);
     SAGE_CHECK(out.dtype == q.dtype, "output out must have q's dtype ", DtypeOf{q}, ", got ", DtypeOf{out});

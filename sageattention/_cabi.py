@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 #: sage_abi_version() of the modules this Python code can call (csrc/include/sage_cabi.h).
-ABI_VERSION = 2
+ABI_VERSION = 3
 #: int64 words per tensor descriptor: data, dtype, device type (1: CUDA), device index, dims, 4 sizes,
 #: 4 strides (csrc/include/sage_cabi.h, View).
 DESC_WORDS = 13

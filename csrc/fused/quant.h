@@ -86,6 +86,10 @@ struct QuantQkvArgs {
   uint8_t* vt;
   float* v_scale;
   float* k_mean;
+  // [B, Nk] int32 or null: token t of batch entry b's K and V is their input row key_order[b * nk + t]
+  // (a key-padding mask's kept keys first, sageattention/cuda_sm90.py; the statistics, a mean and a
+  // maximum over all rows, do not depend on it). Only in the sm90 module, with 16-byte aligned inputs.
+  const int* key_order;
   float* workspace;
   // Nonzero: the launch's first CTAs clear V's maxima and the counters, and each marks its share done
   // with this value in the workspace (the items that use them wait for the marks, or for counts made

@@ -111,7 +111,16 @@ __device__ __forceinline__ uint4 load8(const void* p) {
 // `base` (a token's first channel for this thread), zeros past `limit` or for an inactive thread.
 template <bool kAligned, int kRows, typename T, int kPasses>
 __device__ __forceinline__ void load_tile(const T* base, int64_t stride, int t0, int limit, bool active,
-                                          uint4 (&raw)[kPasses]) {
+                                          uint4 (&raw)[kPasses], const int* order = nullptr) {
+  if (order != nullptr) {  // token t is input row order[t] (kOrder: a key-padding mask's kept keys first)
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int t = t0 + p * kRows;
+      raw[p] = active && t < limit ? load8<kAligned>(base + int64_t{__ldg(order + t)} * stride)
+                                   : make_uint4(0, 0, 0, 0);
+    }
+    return;
+  }
   const T* ptr = base + int64_t{t0} * stride;
   const int64_t step = int64_t{kRows} * stride;
 #pragma unroll
@@ -437,7 +446,7 @@ __device__ __forceinline__ void k_mean_of(const QuantQkvArgs& a, const QkvGrid& 
 // of group g hold (permuted_token), and writes each channel's 4 FP8 bytes as one word of the tile:
 // [d][token slot], the 16-byte chunk of group g of row d at position g ^ (c & 7), so that the words a
 // warp writes spread over the banks. Then each thread copies 16-byte chunks to Vᵀ's rows.
-template <typename T, int D_PAD, bool kAligned>
+template <typename T, int D_PAD, bool kAligned, bool kOrder>
 __device__ __forceinline__ void quant_v_tile(const QuantQkvArgs& a, const QkvGrid& g, int tile, int bh,
                                              uint8_t* smem, float* stat) {
   constexpr int kVecs = D_PAD / kVec;
@@ -458,8 +467,9 @@ __device__ __forceinline__ void quant_v_tile(const QuantQkvArgs& a, const QkvGri
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int t = first + permuted_token(16 * grp + 4 * quad + r);
-      raw[i][r] = t < a.nk && c * kVec < a.head_dim ? load8<kAligned>(base + t * a.v_strides.n + c * kVec)
-                                                   : make_uint4(0, 0, 0, 0);
+      const bool in = t < a.nk && c * kVec < a.head_dim;
+      const int64_t row = kOrder && in ? __ldg(a.key_order + static_cast<int64_t>(b) * a.nk + t) : t;
+      raw[i][r] = in ? load8<kAligned>(base + row * a.v_strides.n + c * kVec) : make_uint4(0, 0, 0, 0);
     }
   }
   wait_stats<D_PAD>(a, g, bh);
@@ -517,7 +527,7 @@ __device__ __forceinline__ void quant_v_tile(const QuantQkvArgs& a, const QkvGri
 // K block `blk` of (b, hkv) = bh: 128 keys minus k_mean, one scale (quant.cu's quant_k_kernel). The
 // whole block stays in registers (as loaded: 8 halves in 4 words) between its amax and its
 // quantization, which converts it again.
-template <typename T, int D_PAD, bool kAligned>
+template <typename T, int D_PAD, bool kAligned, bool kOrder>
 __device__ __forceinline__ void quant_k_block(const QuantQkvArgs& a, const QkvGrid& g, int blk, int bh,
                                               uint8_t* smem, float* stat, float* warp_max) {
   constexpr int kVecs = D_PAD / kVec, kRows = kThreads / kVecs, kPasses = kQkvKeyBlock / kRows;
@@ -527,7 +537,8 @@ __device__ __forceinline__ void quant_k_block(const QuantQkvArgs& a, const QkvGr
   const bool active = c * kVec < a.head_dim;
   const T* base = static_cast<const T*>(a.k) + b * a.k_strides.b + h * a.k_strides.h + c * kVec;
   uint4 raw[kPasses];
-  load_tile<kAligned, kRows>(base, a.k_strides.n, first + row, a.nk, active, raw);
+  load_tile<kAligned, kRows>(base, a.k_strides.n, first + row, a.nk, active, raw,
+                             kOrder ? a.key_order + static_cast<int64_t>(b) * a.nk : nullptr);
   if (a.smooth_k) {
     k_mean_of<D_PAD>(a, g, bh, reinterpret_cast<float*>(smem), stat);
     if (blk == 0 && threadIdx.x < a.head_dim) {
@@ -739,7 +750,7 @@ constexpr int kCtasPerSm = 4;
 constexpr int kCtasPerSm = 3;
 #endif
 
-template <typename T, int D_PAD, bool kAligned>
+template <typename T, int D_PAD, bool kAligned, bool kOrder>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) quant_qkv_kernel(const QuantQkvArgs a, const QkvGrid g) {
   // The stats rows ([2][kRows][D_PAD] floats, 16 KiB), the staged K chunk partials (at most
   // kMaxChunks x D_PAD floats; K blocks, Q tiles with the correction), or a V CTA's Vᵀ tile.
@@ -780,10 +791,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) quant_qkv_kernel(const Q
       count_done(counters + it.head, done_step(a));
       break;
     case ItemKind::kV:
-      quant_v_tile<T, D_PAD, kAligned>(a, g, it.index, it.head, smem, stat);
+      quant_v_tile<T, D_PAD, kAligned, kOrder>(a, g, it.index, it.head, smem, stat);
       break;
     case ItemKind::kK:
-      quant_k_block<T, D_PAD, kAligned>(a, g, it.index, it.head, smem, stat, warp_max);
+      quant_k_block<T, D_PAD, kAligned, kOrder>(a, g, it.index, it.head, smem, stat, warp_max);
       break;
     case ItemKind::kQ:
       quant_q_tile<T, D_PAD, kAligned>(a, g, it.index, it.head, smem, stat);
@@ -798,9 +809,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) quant_qkv_kernel(const Q
 // Launches quant_qkv_kernel for `ctas` items from g.item_base, after its g.clear_slices clearing CTAs;
 // with `after_clear`, as the dependent of the kernel just before it in the stream (clear_kernel's, or
 // whatever precedes the call when the launch clears; programmatic stream serialization).
-template <typename T, int D_PAD, bool kAligned>
+template <typename T, int D_PAD, bool kAligned, bool kOrder>
 cudaError_t launch_items(const QuantQkvArgs& a, const QkvGrid& g, int64_t ctas, bool after_clear, cudaStream_t stream) {
-  return launch_kernel(quant_qkv_kernel<T, D_PAD, kAligned>, dim3(static_cast<unsigned>(g.clear_slices + ctas)),
+  return launch_kernel(quant_qkv_kernel<T, D_PAD, kAligned, kOrder>, dim3(static_cast<unsigned>(g.clear_slices + ctas)),
                        dim3(kThreads), 0, stream, after_clear, a, g);
 }
 
@@ -845,7 +856,7 @@ bool plan_grid(const QuantQkvArgs& a, int64_t elem_bytes, QkvGrid* out) {
 int64_t grid_items(const QkvGrid& g) { return int64_t{g.kv_heads} * (g.chunks + g.head_items); }
 int64_t grid_stats_items(const QkvGrid& g) { return int64_t{g.kv_heads} * g.chunks; }
 
-template <typename T, int D_PAD, bool kAligned>
+template <typename T, int D_PAD, bool kAligned, bool kOrder>
 cudaError_t launch(const QuantQkvArgs& a, cudaStream_t stream) {
   QkvGrid g;
   if (!plan_grid<D_PAD>(a, sizeof(T), &g)) return cudaErrorInvalidValue;
@@ -865,16 +876,16 @@ cudaError_t launch(const QuantQkvArgs& a, cudaStream_t stream) {
                         reinterpret_cast<uint32_t*>(cleared), words);
     if (err != cudaSuccess) return err;
   }
-  if (g.waits) return launch_items<T, D_PAD, kAligned>(a, g, items, true, stream);
+  if (g.waits) return launch_items<T, D_PAD, kAligned, kOrder>(a, g, items, true, stream);
   // Long stats items: their one group in one launch left the quantizing CTAs waiting (10-13% slower
   // than two launches at b=1, n >= 16384), so the stats items go first in a launch of their own and
   // the quantizing items, which then find every count complete, in a second one.
   const int64_t stats_items = grid_stats_items(g);
-  err = launch_items<T, D_PAD, kAligned>(a, g, stats_items, true, stream);
+  err = launch_items<T, D_PAD, kAligned, kOrder>(a, g, stats_items, true, stream);
   if (err != cudaSuccess) return err;
   g.item_base = static_cast<int>(stats_items);
   g.clear_slices = 0;  // the first launch has cleared and counted everything
-  return launch_items<T, D_PAD, kAligned>(a, g, items - stats_items, false, stream);
+  return launch_items<T, D_PAD, kAligned, kOrder>(a, g, items - stats_items, false, stream);
 }
 
 template <typename T, int D_PAD>
@@ -882,7 +893,14 @@ cudaError_t launch_aligned(const QuantQkvArgs& a, cudaStream_t stream) {
   const bool aligned = vec_aligned(a.q, a.q_strides, a.batch, a.heads_q, a.nq) &&
                        vec_aligned(a.k, a.k_strides, a.batch, a.heads_kv, a.nk) &&
                        vec_aligned(a.v, a.v_strides, a.batch, a.heads_kv, a.nk);
-  return aligned ? launch<T, D_PAD, true>(a, stream) : launch<T, D_PAD, false>(a, stream);
+  if (a.key_order != nullptr) {
+#ifdef SAGEATTN_FAMILY_SM90  // attn_sm90 alone passes a key order: the kernels that read it are its module's
+    return aligned ? launch<T, D_PAD, true, true>(a, stream) : cudaErrorInvalidValue;
+#else
+    return cudaErrorInvalidValue;
+#endif
+  }
+  return aligned ? launch<T, D_PAD, true, false>(a, stream) : launch<T, D_PAD, false, false>(a, stream);
 }
 
 template <typename T>

@@ -234,7 +234,7 @@ struct Args {
 // ---------------------------------------------------------------------------------------------------
 // The exported ABI. sage_abi_version() changes whenever a signature or a descriptor does;
 // sageattention/_cabi.py (ABI_VERSION) refuses a module of another version.
-SAGE_EXPORT int sage_abi_version() { return 2; }
+SAGE_EXPORT int sage_abi_version() { return 3; }
 SAGE_EXPORT const char* sage_last_error() { return g_last_error.c_str(); }
 SAGE_EXPORT int sage_cuda_runtime_version() {
   return CUDART_VERSION;  // the toolkit the module was compiled with (its runtime is linked statically)

@@ -3,7 +3,9 @@ the heads and the queries ([B, 1, 1, Nk], [1, Nk], [Nk] as [1, 1, Nk], expanded 
 is_causal. sageattn routes them to the kernel, which attends to the first kv_len[b] keys of K and V with
 each batch entry's kept keys moved to the front (cuda_sm90.compact_keys).
 
-Checked, on awkward lengths, GQA, both layouts and batch entries that keep no key at all:
+K and V 16-byte aligned (the common case), the fused quantization reads them in that order
+(``cuda_sm90.key_order``); otherwise they are gathered first (``compact_keys``). Checked, on awkward
+lengths, GQA, both layouts, both paths and batch entries that keep no key at all:
 * against sage_ref on the compacted inputs with the prefix mask, with the kernel's quantization: the
   tight bound of the sm_90a kernel (the same computation up to float32 rounding);
 * against float64 attention_ref with the mask: the FP8 bound of unmasked calls (conftest EXACT_BOUNDS);
@@ -63,13 +65,24 @@ CASES = [  # b, hq, hkv, nq, nk, d, keep kind, mask form
 ]
 
 
+def _unaligned(x):
+    """The same values at a base 2 bytes off 16-byte alignment (a view into a wider tensor)."""
+    wide = torch.zeros(*x.shape[:-1], x.shape[-1] + 8, device=x.device, dtype=x.dtype)
+    wide[..., 1 : 1 + x.shape[-1]] = x
+    return wide[..., 1 : 1 + x.shape[-1]]
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
-def test_key_padding_on_the_sm90_kernel(metrics, mma, case, layout):
+@pytest.mark.parametrize("aligned", [True, False], ids=["key-order", "gathered"])
+def test_key_padding_on_the_sm90_kernel(metrics, mma, case, layout, aligned):
     b, hq, hkv, nq, nk, d, kind, form = case
     q = mma.make(b, hq, nq, d, layout, torch.bfloat16, 0)
     k = mma.make(b, hkv, nk, d, layout, torch.bfloat16, 1)
     v = mma.make(b, hkv, nk, d, layout, torch.bfloat16, 2)
+    if not aligned:
+        k, v = _unaligned(k), _unaligned(v)
+    assert cuda_sm90._vec_aligned(k) == aligned
     keep = _keep(b, nk, 3, kind)
     if form in ("1n", "1nn"):  # one row of keys for every batch entry
         keep = keep[:1].expand(b, nk)
@@ -79,8 +92,10 @@ def test_key_padding_on_the_sm90_kernel(metrics, mma, case, layout):
     out, lse = sa.sageattn(*caller, tensor_layout=layout, attn_mask=mask, return_lse=True)
     if layout == "NHD":
         out = out.transpose(1, 2)
-    assert any(SM90 in n for n in mma.kernels_on_gpu(lambda: sa.sageattn(*caller, tensor_layout=layout,
-                                                                      attn_mask=mask)))  # fmt: skip
+    names = mma.kernels_on_gpu(lambda: sa.sageattn(*caller, tensor_layout=layout, attn_mask=mask))
+    assert any(SM90 in n for n in names), names
+    gathers = [n for n in names if "gather" in n]
+    assert bool(gathers) != aligned, names  # the key order in the quantization, or a gathered copy
     full = keep.expand(b, nk).view(b, 1, 1, nk)
     ref, ref_lse = attention_ref(q, k, v, attn_mask=full, return_lse=True)
     dead = ~full.any(dim=-1)  # [B, 1, 1]: batch entries that keep no key
