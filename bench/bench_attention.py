@@ -89,6 +89,19 @@ IMPLS = {
 }
 
 
+def write_results(
+    kind: str, device: str, meta: dict, rows: list, out: pathlib.Path | None = None, tag: str = ""
+) -> pathlib.Path:
+    """Write {"meta", "rows"} to ``out``, by default bench/results/<kind>-<device>-<date><tag>.json."""
+    if out is None:
+        slug = device.replace(" ", "_").replace("/", "_")
+        out = ROOT / "bench" / "results" / f"{kind}-{slug}-{datetime.date.today().isoformat()}{tag}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    print(f"wrote {out}")
+    return out
+
+
 def tops(b, h, n, d, causal, ms):
     flops = 4 * b * h * n * n * d / (2 if causal else 1)
     return flops / (ms * 1e-3) / 1e12
@@ -167,14 +180,7 @@ def main(argv=None) -> int:
         "unit": "TOPS (4*b*h*n*n*d / time, halved for causal; median of do_bench)",
         "dtype": "bfloat16",
     }
-    out = args.out
-    if out is None:
-        slug = name.replace(" ", "_").replace("/", "_")
-        stamp = datetime.date.today().isoformat()
-        out = ROOT / "bench" / "results" / f"attention-{slug}-{stamp}{args.tag}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    out = write_results("attention", name, meta, rows, args.out, args.tag)
     if not args.no_plot:
         from plot import plot_results
 

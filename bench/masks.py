@@ -27,7 +27,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from accuracy import metrics  # noqa: E402
-from bench_attention import tops  # noqa: E402
+from bench_attention import tops, write_results  # noqa: E402
 
 SDPA_BACKENDS = {
     "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
@@ -44,6 +44,11 @@ def key_mask(b: int, n: int, random: bool, device) -> torch.Tensor:
         return (torch.rand(b, n, device=device, generator=gen) < 0.75).view(b, 1, 1, n)
     lengths = torch.tensor([int(n * KEEP[i % len(KEEP)]) for i in range(b)], device=device)
     return (torch.arange(n, device=device) < lengths.view(b, 1)).view(b, 1, 1, n)
+
+
+def _rounded(out: torch.Tensor, ref: torch.Tensor) -> dict:
+    """accuracy.metrics of out against ref, to 6 digits (without its NaN flag)."""
+    return {key: round(val, 6) for key, val in metrics(out, ref).items() if key != "nan"}
 
 
 def implementations():
@@ -74,6 +79,7 @@ def implementations():
 def main(argv=None) -> int:
     import triton.testing
 
+    import sageattention
     from sageattention.reference import attention_ref
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -107,16 +113,9 @@ def main(argv=None) -> int:
                 continue
             row["ms"][impl] = round(ms, 4)
             row["tops"][impl] = round(tops(b, h, n, d, False, ms), 1)
-            row["accuracy"][impl] = {
-                key: round(val, 6) for key, val in metrics(out, ref).items() if key != "nan"
-            }
-        import sageattention
-
-        row["accuracy"]["sageattn, no mask"] = {
-            key: round(val, 6)
-            for key, val in metrics(sageattention.sageattn(q, k, v), attention_ref(q, k, v)).items()
-            if key != "nan"
-        }
+            row["accuracy"][impl] = _rounded(out, ref)
+        unmasked = sageattention.sageattn(q, k, v)
+        row["accuracy"]["sageattn, no mask"] = _rounded(unmasked, attention_ref(q, k, v))
         sdpa = {i: t for i, t in row["tops"].items() if i.startswith("sdpa")}
         if sdpa:
             best = max(sdpa, key=sdpa.get)
@@ -139,13 +138,7 @@ def main(argv=None) -> int:
         "dtype": "bfloat16",
         "keep": "prefix of KEEP[b % 2] = (0.9, 0.6) of the keys" if not args.random else "random 75%",
     }
-    out = args.out
-    if out is None:
-        slug = name.replace(" ", "_").replace("/", "_")
-        out = ROOT / "bench" / "results" / f"masks-{slug}-{datetime.date.today().isoformat()}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    print(f"wrote {out}")
+    write_results("masks", name, meta, rows, args.out)
     return 0
 
 
