@@ -330,15 +330,15 @@ class Sm90Call:
             shape, strides = (shape[0], shape[2], shape[1], shape[3]), (strides[0], strides[2], strides[1], 1)
         self.out_shape, self.out_strides = tuple(shape), tuple(strides)
 
-    def __call__(self, q, k, v, *kv_len):
+    def __call__(self, q, k, v, *keys):  # keys: kv_len and key_order, as the plan was made for
         out = q.new_empty_strided(self.out_shape, self.out_strides, dtype=self.dtype)
         workspace = q.new_empty_strided((self.size,), (1,), dtype=torch.uint8)
         if self.return_lse:
             b, hq, nq = self.lse_shape
             lse = q.new_empty_strided(self.lse_shape, (hq * nq, nq, 1), dtype=_F32)
-            self.plan.run((q, k, v, out, lse, workspace, *kv_len), self.device)
+            self.plan.run((q, k, v, out, lse, workspace, *keys), self.device)
             return out, lse
-        self.plan.run((q, k, v, out, workspace, *kv_len), self.device)
+        self.plan.run((q, k, v, out, workspace, *keys), self.device)
         return out, None
 
 
