@@ -1,14 +1,14 @@
 """Forward + backward and backward-only speed of sageattn against torch SDPA's cuDNN and flash backends.
 
     python bench/backward.py --out bench/results/backward-H200-<date>.json
-    python bench/backward.py --n 4096 --sweep      # also try tile settings of the Triton backward
+    python bench/backward.py --n 4096 --sweep int8 # also try tile settings of the INT8 Triton backward
 
 bf16, b=4 h=32 d=128, n in {4096, 16384}, causal and not (the issue's protocol). Every row is the
 median of triton.testing.do_bench, in one run, so the ratios hold on a noisy machine:
 
 - ``sageattn``: the full training call, quantized forward (LSE saved) + the default backward;
   ``sageattn [<backward>]``: the same with one backward of sageattention.autograd's table forced
-  (triton, flash, cudnn where they can serve the call);
+  (triton, int8 (the quantized one), flash, cudnn where they can serve the call);
 - ``sdpa cudnn`` / ``sdpa flash``: F.scaled_dot_product_attention under that backend, forward + backward.
 
 TOPS: the forward counts 4*b*h*n*n*d FLOPs (halved for causal), the backward 2.5 times that, forward +
@@ -89,7 +89,7 @@ def measure(b, h, n, d, causal, dtype=torch.bfloat16) -> list[dict]:
         )
 
     row("sageattn", lambda: sa.sageattn(q, k, v, is_causal=causal))
-    for impl in ("triton", "flash", "cudnn"):
+    for impl in ("triton", "int8", "flash", "cudnn"):
         if autograd.BACKWARDS[impl].cannot_run(autograd._request(q, k, None, None, causal, False)) is None:
             with autograd.backward_order(impl):
                 row(f"sageattn [{impl}]", lambda: sa.sageattn(q, k, v, is_causal=causal))
@@ -109,8 +109,9 @@ SWEEP = {  # (BLOCK_M, BLOCK_N, num_warps, num_stages) of the dK/dV and dQ kerne
 }
 
 
-def sweep(b, h, n, d, causal) -> list[dict]:
-    """Backward-only time of the Triton backward for each tile setting (one kernel varied at a time)."""
+def sweep(b, h, n, d, causal, quant=False) -> list[dict]:
+    """Backward-only time of the Triton backward (INT8 when ``quant``) for each tile setting (one kernel
+    varied at a time)."""
     from sageattention.triton import backward  # noqa: PLC0415
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -118,25 +119,25 @@ def sweep(b, h, n, d, causal) -> list[dict]:
         torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(4)
     )
     out, lse = sa.sageattn(q, k, v, is_causal=causal, return_lse=True)
-    base = backward.block_config(d)
-    d_pad = backward._d_pad(d)
+    base = backward.block_config(d, quant)
+    key = (backward._d_pad(d, quant), quant)
     rows = []
     for kernel, configs in SWEEP.items():
         for config in configs:
-            backward.CONFIG_OVERRIDES[d_pad] = {**base, kernel: config}
+            backward.CONFIG_OVERRIDES[key] = {**base, kernel: config}
             try:
                 ms = bench(
                     lambda: backward.attention_bwd(
-                        dout, q, k, v, out, lse, is_causal=causal, sm_scale=d**-0.5
+                        dout, q, k, v, out, lse, is_causal=causal, sm_scale=d**-0.5, quant=quant
                     )
                 )
-                rows.append({"kernel": kernel, "config": config, "n": n, "causal": causal, "ms_bwd": ms})
+                rows.append({"quant": quant, "kernel": kernel, "config": config, "n": n, "causal": causal,
+                             "ms_bwd": ms})  # fmt: skip
             except Exception as exc:  # noqa: BLE001 - an out-of-resources tile is a result, not a failure
-                rows.append(
-                    {"kernel": kernel, "config": config, "n": n, "causal": causal, "error": str(exc)[:200]}
-                )
+                rows.append({"quant": quant, "kernel": kernel, "config": config, "n": n, "causal": causal,
+                             "error": str(exc)[:200]})  # fmt: skip
             finally:
-                backward.CONFIG_OVERRIDES.pop(d_pad, None)
+                backward.CONFIG_OVERRIDES.pop(key, None)
     return rows
 
 
@@ -149,7 +150,8 @@ def main(argv=None) -> int:
     parser.add_argument("--b", type=int, default=4)
     parser.add_argument("--h", type=int, default=32)
     parser.add_argument("--d", type=int, default=128)
-    parser.add_argument("--sweep", action="store_true", help="also time tile settings of the Triton backward")
+    parser.add_argument("--sweep", nargs="*", choices=("triton", "int8"), default=None,
+                        help="also time tile settings of these Triton backwards (default both)")  # fmt: skip
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench/backward.py needs a CUDA GPU", file=sys.stderr)
@@ -161,9 +163,9 @@ def main(argv=None) -> int:
     for n in args.n:
         for causal in (False, True):
             rows += measure(args.b, args.h, n, args.d, causal)
-            if args.sweep:
-                sweeps += sweep(args.b, args.h, n, args.d, causal)
-            for r in rows[-6:]:
+            for impl in () if args.sweep is None else args.sweep or ("triton", "int8"):
+                sweeps += sweep(args.b, args.h, n, args.d, causal, quant=impl == "int8")
+            for r in rows[-7:]:
                 if "error" in r:
                     print(f"n={n} causal={causal} {r['impl']}: {r['error']}")
                 else:

@@ -69,7 +69,7 @@ def case(kind: str, causal: bool, groups: int) -> dict:
         row[f"sage_ref_{rowsum}_out_vs_float64"] = stats(o, out_x)
         row[f"sage_ref_{rowsum}_lse_max_abs_err"] = float((lse - lse_x).abs().max())
     grads = {}
-    for impl in ("default", "triton", "cudnn"):
+    for impl in ("default", "triton", "int8", "cudnn"):
         if impl != "default" and autograd.backward_for(q, k, is_causal=causal) == impl:
             continue
         try:

@@ -21,6 +21,10 @@ Which backward runs is a table (``BACKWARDS``, first row that can run wins), dec
 on the host from metadata only:
 
     triton   sageattention/triton/backward.py: every case (masks, GQA, causal, varlen, dlse); CUDA sm80+
+    int8     the same kernels quantized: Q and K in INT8 per token (K smoothed), S = Q K^T, dQ = dS K
+             and dK = dS^T Q in INT8 (dS in INT8 per row / per column, the other operand's scales
+             folded in), dO V^T and P^T dO in 16 bits; in no default order: chosen by
+             set_backward_order("int8")
     flash    torch's FlashAttention-2 backward fed our O and LSE: no mask, no GQA, no dlse, head dim a
              multiple of 8 up to 256, causal only with q_len == kv_len (its causal alignment differs)
     cudnn    torch's cuDNN backward, the same limits (head dim up to 128)
@@ -41,6 +45,7 @@ backward reads no tensor values on the host, so forward and backward can be capt
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -154,16 +159,18 @@ def _torch_kernel_cannot(req: BackwardRequest, max_head_dim: int) -> str | None:
     return None
 
 
-def _triton_dense(do, q, k, v, out, lse, dlse, mask, is_causal, sm_scale):
+def _triton_dense(do, q, k, v, out, lse, dlse, mask, is_causal, sm_scale, quant=False):
     from .triton.backward import attention_bwd  # noqa: PLC0415 - needs triton
 
-    return attention_bwd(do, q, k, v, out, lse, dlse, attn_mask=mask, is_causal=is_causal, sm_scale=sm_scale)
+    return attention_bwd(do, q, k, v, out, lse, dlse, attn_mask=mask, is_causal=is_causal, sm_scale=sm_scale,
+                         quant=quant)  # fmt: skip
 
 
-def _triton_varlen(do, q, k, v, out, cu_q, cu_k, max_q, max_k, is_causal, sm_scale):
+def _triton_varlen(do, q, k, v, out, cu_q, cu_k, max_q, max_k, is_causal, sm_scale, quant=False):
     from .triton.backward import varlen_bwd  # noqa: PLC0415 - needs triton
 
-    return varlen_bwd(do, q, k, v, out, cu_q, cu_k, max_q, max_k, is_causal=is_causal, sm_scale=sm_scale)
+    return varlen_bwd(do, q, k, v, out, cu_q, cu_k, max_q, max_k, is_causal=is_causal, sm_scale=sm_scale,
+                      quant=quant)  # fmt: skip
 
 
 def _philox(q: torch.Tensor) -> torch.Tensor:
@@ -358,6 +365,13 @@ BACKWARDS = {
             _triton_cannot,
             _triton_dense,
             _triton_varlen,
+        ),
+        BackwardImpl(
+            "int8",
+            "the Triton backward with Q·Kᵀ, dS·K and dSᵀ·Q in INT8, dO·Vᵀ and Pᵀ·dO in 16 bits",
+            _triton_cannot,
+            functools.partial(_triton_dense, quant=True),
+            functools.partial(_triton_varlen, quant=True),
         ),
         BackwardImpl(
             "flash",

@@ -4,7 +4,8 @@ Accuracy: b=1 h=8 n=4096 d=128 bf16, randn and outlier inputs (tests/gpu/conftes
 causal and not, MHA and GQA 4:1; dQ, dK and dV of the training call (quantized forward, the default
 high-precision backward) against float64 autograd of the exact attention: cosine >= 0.9995 and
 relative L1 <= 0.03 each, never NaN, never missing or zero. Each backward of the table that can serve
-the call (triton, flash, cudnn) is held to the same bar, fed the same saved output and LSE.
+the call (triton, flash, cudnn) is held to the same bar, fed the same saved output and LSE; the
+quantized one (int8) to cosine >= 0.995.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("sageattention.triton")
 
 MIN_COS, MAX_L1 = 0.9995, 0.03
+#: The quantized backward's bar (the issue's cosine; its relative L1, unbounded there, is held loosely).
+BOUNDS = {"int8": (0.995, 0.1)}
 
 
 def _stats(got, ref):
@@ -66,19 +69,22 @@ def _inputs(mma, kind, groups, seed=0):
     return [x.detach().clone().requires_grad_() for x in (q, k, v)], dout
 
 
+@pytest.mark.parametrize("backward", [None, "int8"], ids=["default", "int8"])
 @pytest.mark.parametrize("groups", [1, 4], ids=["mha", "gqa4"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("kind", ["randn", "outlier"])
-def test_protocol_gradients(mma, kind, causal, groups):
+def test_protocol_gradients(mma, kind, causal, groups, backward):
     (q, k, v), dout = _inputs(mma, kind, groups)
-    out = sa.sageattn(q, k, v, tensor_layout="NHD", is_causal=causal)
-    torch.autograd.backward(out, dout)
+    with autograd.backward_order(backward):
+        out = sa.sageattn(q, k, v, tensor_layout="NHD", is_causal=causal)
+        torch.autograd.backward(out, dout)
     ref = reference_grads(q, k, v, dout, is_causal=causal)
     for name, x, r in zip("qkv", (q, k, v), ref):
-        assert_grad(x.grad, r, f"{kind} causal={causal} groups={groups} d{name}")
+        assert_grad(x.grad, r, f"{backward or 'default'} {kind} causal={causal} groups={groups} d{name}",
+                    *BOUNDS.get(backward, (MIN_COS, MAX_L1)))  # fmt: skip
 
 
-@pytest.mark.parametrize("impl", ["triton", "flash", "cudnn"])
+@pytest.mark.parametrize("impl", ["triton", "int8", "flash", "cudnn"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_each_backward_of_the_table(mma, impl, causal):
     (q, k, v), dout = _inputs(mma, "randn", 1, seed=3)
@@ -91,12 +97,19 @@ def test_each_backward_of_the_table(mma, impl, causal):
     ref = reference_grads(qh, kh, vh, doh, is_causal=causal, layout="HND")
     for name, g, r, x in zip("qkv", got, ref, (qh, kh, vh)):
         assert g.shape == x.shape and g.dtype == x.dtype
-        assert_grad(g, r, f"{impl} causal={causal} d{name}")
+        assert_grad(g, r, f"{impl} causal={causal} d{name}", *BOUNDS.get(impl, (MIN_COS, MAX_L1)))
 
 
-def test_masks_lse_grad_and_varlen_on_gpu():
+@pytest.mark.parametrize("backward", [None, "int8"], ids=["default", "int8"])
+def test_masks_lse_grad_and_varlen_on_gpu(backward):
     """Smaller shapes through every option: bool and additive masks with causal, return_lse with its
-    gradient, HND and NHD, padded head dims, packed sequences."""
+    gradient, HND and NHD, padded head dims, packed sequences; with the default backward and the
+    quantized one."""
+    with autograd.backward_order(backward):
+        _masks_lse_grad_and_varlen(*BOUNDS.get(backward, (0.999, 0.04)))
+
+
+def _masks_lse_grad_and_varlen(min_cos, max_l1):
     gen = torch.Generator(device="cuda").manual_seed(1)
 
     def leaf(*shape):
@@ -119,9 +132,7 @@ def test_masks_lse_grad_and_varlen_on_gpu():
             torch.autograd.backward((out, lse), (dout, dlse))
             ref = reference_grads(q, k, v, dout, is_causal=True, mask=mask, dlse=dlse, layout=layout)
             for name, x, r in zip("qkv", (q, k, v), ref):
-                assert_grad(
-                    x.grad, r, f"{layout} d={d} mask={mask.dtype} d{name}", min_cos=0.999, max_l1=0.04
-                )
+                assert_grad(x.grad, r, f"{layout} d={d} mask={mask.dtype} d{name}", min_cos, max_l1)
     lens = [100, 513, 7, 300]
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     q, k, v = leaf(sum(lens), 8, 128), leaf(sum(lens), 2, 128), leaf(sum(lens), 2, 128)
@@ -135,7 +146,7 @@ def test_masks_lse_grad_and_varlen_on_gpu():
         for r, g in zip(refs, reference_grads(*parts, is_causal=True, layout="HND")):
             r[s] = g[0].transpose(0, 1)
     for name, x, r in zip("qkv", (q, k, v), refs):
-        assert_grad(x.grad, r, f"varlen d{name}", min_cos=0.999, max_l1=0.04)
+        assert_grad(x.grad, r, f"varlen d{name}", min_cos, max_l1)
 
 
 def _small(seed=0):

@@ -16,7 +16,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from sageattention.quant import PVDtype  # noqa: E402
-from sageattention.triton import attention, launch, quant  # noqa: E402
+from sageattention.triton import attention, backward, launch, quant  # noqa: E402
 
 
 def compile_for(fn, arch: int, types: dict, consts: dict, **options):
@@ -138,3 +138,42 @@ def test_quant_kernels_compile(varlen):
             {"K": bf16, "V": bf16, "KM": f32, "VMAX": f32, "cu_seqlens": i32},
             {"BLOCK": 64, "D_PAD": 128, "SMOOTH": True, "V_AMAX": True},
         )
+
+
+def backward_types(fn, quant: bool) -> dict:
+    """Pointer and float argument types of a backward kernel (Q and K are INT8 when quant)."""
+    kinds = {
+        "*i8": ("QT", "KT", "XQ", "XT") + (("Q", "K") if quant else ()),
+        "*bf16": ("V", "DO", "DQ", "DK", "DV", "OUT", "X") + (() if quant else ("Q", "K")),
+        "*fp32": ("LSE2", "DELTA", "KMEAN", "DLSE", "QS", "KS", "LSE", "SCALE"),
+        "*u8": ("MASK",),
+        "*i32": ("cu_q", "cu_k"),
+        "fp32": ("qk_scale", "sm_scale"),
+    }
+    return {name: t for t, names in kinds.items() for name in names if name in fn.arg_names}
+
+
+@pytest.mark.parametrize("quant", [False, True], ids=["bf16", "int8"])
+@pytest.mark.parametrize("kernel", ["_dq_kernel", "_dkdv_kernel", "_lse_kernel"])
+def test_backward_kernels_compile(kernel, quant):
+    """The gradient kernels lower to wgmma on sm90: BF16 products, and INT8 ones for the quantized
+    backward's Q·Kᵀ, dS·K and dSᵀ·Q (its operands stored K-major for that)."""
+    fn = getattr(backward, kernel)
+    tiles = backward.block_config(128, quant)
+    block_m, block_n, warps, stages = tiles["dkdv" if kernel == "_dkdv_kernel" else "dq"]
+    consts = {"HEAD_DIM": 128, "BLOCK_M": block_m, "BLOCK_N": block_n, "D_PAD": 128, "IS_CAUSAL": True,
+              "MASK_KIND": 1, "VARLEN": False, "QUANT": quant}  # fmt: skip
+    if "HAS_DLSE" in fn.arg_names:
+        consts["HAS_DLSE"] = True
+    compiled = compile_for(fn, 90, backward_types(fn, quant), consts, num_warps=warps, num_stages=stages)
+    ptx = compiled.asm["ptx"]
+    assert "wgmma.mma_async" in ptx
+    assert (".s32.s8.s8" in ptx) == quant, "INT8 products where (and only where) the backward is quantized"
+    if kernel != "_lse_kernel":
+        assert ".f32.bf16.bf16" in ptx  # dO·Vᵀ (and Pᵀ·dO) in 16 bits either way
+
+
+def test_backward_quant_kernel_compiles():
+    fn = backward._quant_kernel
+    compile_for(fn, 90, backward_types(fn, True), {"HEAD_DIM": 72, "BLOCK": 64, "D_PAD": 128, "CENTER": True,
+                                                   "SHIFT": True})  # fmt: skip

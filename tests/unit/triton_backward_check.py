@@ -2,7 +2,8 @@
 
 Run by tests/unit/test_autograd.py with TRITON_INTERPRET=1 (a separate process: the variable must be
 set before triton is imported). The kernels are fed the exact O and LSE, so what is left is their
-FP16 products and FP32 accumulation: a wrong tile, mask, group or scale fails by far. float16 only:
+FP16 products and FP32 accumulation (and, for the quantized backward, its INT8 products, to a looser bar):
+a wrong tile, mask, group or scale fails by far. float16 only:
 the interpreter of Triton 3.8 computes tl.dot of bfloat16 operands wrongly (bf16 runs on the GPU
 tests). Prints "triton backward ok" at the end.
 """
@@ -35,10 +36,10 @@ MIN_COS, MAX_L1 = 0.9999, 0.01
 failures = []
 
 
-def check(what, got, ref):
+def check(what, got, ref, min_cos=MIN_COS, max_l1=MAX_L1):
     cos = float(got.double().flatten() @ ref.flatten() / (got.double().norm() * ref.norm()).clamp_min(1e-300))
     l1 = float((got.double() - ref).abs().sum() / ref.abs().sum().clamp_min(1e-300))
-    ok = torch.isfinite(got).all() and got.abs().sum() > 0 and cos >= MIN_COS and l1 <= MAX_L1
+    ok = torch.isfinite(got).all() and got.abs().sum() > 0 and cos >= min_cos and l1 <= max_l1
     print(f"{what}: cos {cos:.6f} rel L1 {l1:.2e}{'' if ok else '  FAIL'}")
     if not ok:
         failures.append(what)
@@ -71,9 +72,14 @@ CASES = [
     (1, 2, 1, 33, 50, 96, "HND", True, "bool", True, False),
     (1, 2, 1, 65, 65, 64, "NHD", True, None, True, True),  # the LSE's gradient as a transposed view
 ]
-for b, hq, hkv, nq, nk, d, layout, causal, mask_kind, with_dlse, with_lse in CASES:
+#: The quantized backward (quant=True) on the cases of these indices, to its own bar.
+QUANT_CASES = (1, 3, 4, 5)
+QUANT_MIN_COS, QUANT_MAX_L1 = 0.999, 0.03
+RUNS = [(case, False) for case in CASES] + [(CASES[i], True) for i in QUANT_CASES]
+for (b, hq, hkv, nq, nk, d, layout, causal, mask_kind, with_dlse, with_lse), quant in RUNS:
     shape_q, shape_k = (b, hq, nq, d), (b, hkv, nk, d)
     q, k, v = randn(*shape_q).half(), randn(*shape_k).half(), randn(*shape_k).half()
+    k += 2 * randn(d).half()  # a common part of the keys: what K's smoothing takes out
     do = randn(*shape_q).half()
     if layout == "NHD":  # HND views of NHD memory, as the API passes them
         q, k, v, do = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v, do))
@@ -102,10 +108,12 @@ for b, hq, hkv, nq, nk, d, layout, causal, mask_kind, with_dlse, with_lse in CAS
         attn_mask=mask,
         is_causal=causal,
         sm_scale=scale,
+        quant=quant,
     )
     name = f"b{b} h{hq}/{hkv} n{nq}x{nk} d{d} {layout} causal={causal} mask={mask_kind} dlse={with_dlse}"
+    name += " int8" if quant else ""
     for t, g, r, x in zip("qkv", got, ref, (q, k, v)):
-        check(f"{name} d{t}", g, r)
+        check(f"{name} d{t}", g, r, *((QUANT_MIN_COS, QUANT_MAX_L1) if quant else (MIN_COS, MAX_L1)))
         if g.stride() != x.stride():
             failures.append(f"{name} d{t} strides {g.stride()} != {x.stride()}")
 
@@ -113,7 +121,7 @@ for b, hq, hkv, nq, nk, d, layout, causal, mask_kind, with_dlse, with_lse in CAS
 lens_q, lens_k = [5, 17, 1, 40], [9, 17, 3, 40]
 cu_q = torch.tensor([0, *np.cumsum(lens_q)], dtype=torch.int32)
 cu_k = torch.tensor([0, *np.cumsum(lens_k)], dtype=torch.int32)
-for causal in (False, True):
+for causal, quant in ((False, False), (True, False), (True, True)):
     q, do = randn(sum(lens_q), 4, 64).half(), randn(sum(lens_q), 4, 64).half()
     k, v = randn(sum(lens_k), 2, 64).half(), randn(sum(lens_k), 2, 64).half()
     out = torch.zeros(q.shape, dtype=torch.float64)
@@ -125,9 +133,11 @@ for causal in (False, True):
         out[sq] = o[0].transpose(0, 1)
         for r, gi, s in zip(refs, g, (sq, sk, sk)):
             r[s] = gi[0].transpose(0, 1)
-    got = backward.varlen_bwd(do, q, k, v, out.half(), cu_q, cu_k, 40, 40, is_causal=causal, sm_scale=0.125)
+    got = backward.varlen_bwd(do, q, k, v, out.half(), cu_q, cu_k, 40, 40, is_causal=causal, sm_scale=0.125,
+                              quant=quant)  # fmt: skip
     for t, g, r in zip("qkv", got, refs):
-        check(f"varlen causal={causal} d{t}", g, r)
+        check(f"varlen causal={causal}{' int8' if quant else ''} d{t}", g, r,
+              *((QUANT_MIN_COS, QUANT_MAX_L1) if quant else (MIN_COS, MAX_L1)))  # fmt: skip
 
 # The table picks the Triton backward on the CPU under the interpreter, and the glue feeds it.
 q, k, v, do = (randn(1, 2, 17, 32).half() for _ in range(4))
