@@ -1,5 +1,5 @@
-// Helpers of the standalone CUDA measurement programs in bench/ (trace_sm90.cu, quant_sm_share.cu, call_sm90.cu,
-// stream_probe.cu): an error check that exits, the shape arguments, fills of device buffers with hashed
+// Helpers of the standalone CUDA measurement programs in bench/ (trace_sm90.cu, quant_sm_share.cu,
+// call_sm90.cu): an error check that exits, the shape arguments, fills of device buffers with hashed
 // bytes, hashed bfloat16 values or a constant, device allocations, the fused quantization of random
 // inputs, and the sm_90a attention's arguments over contiguous buffers with the op's split.
 #pragma once

@@ -1,6 +1,6 @@
 """Plot a bench/results JSON: TOPS against sequence length, one panel per (head dim, causal).
 
-python bench/plot.py bench/results/attention-NVIDIA_H100_80GB_HBM3-2026-11-22.json
+python bench/plot.py bench/results/attention-NVIDIA_H200-2026-11-29ab.json
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def plot_results(path: pathlib.Path) -> pathlib.Path:
     fig.suptitle(f"{meta['device']}  torch {meta['torch']}  {meta['date'][:10]}")
     fig.tight_layout()
     out = pathlib.Path(path).with_suffix(".png")
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=80)
     plt.close(fig)
     return out
 

@@ -1,8 +1,8 @@
-"""The CUDA harnesses in bench/ (call_sm90, trace_sm90, quant_sm_share, stream_probe, pipes_sm90) are
-built by hand on the GPU machine, from the nvcc command each one's header documents. Each is built here
-with exactly that command (the output path moved into a temporary folder), so a change to the
-kernels' interfaces that breaks a harness, or a header whose command no longer builds it, fails
-before any GPU time is spent on it."""
+"""The CUDA harnesses in bench/ (call_sm90, trace_sm90, quant_sm_share) are built by hand on the GPU
+machine, from the nvcc command each one's header documents. Each is built here with exactly that
+command (the output path moved into a temporary folder), so a change to the kernels' interfaces that
+breaks a harness, or a header whose command no longer builds it, fails before any GPU time is spent on
+it."""
 
 from __future__ import annotations
 
