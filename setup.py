@@ -7,7 +7,8 @@ release wheel is ``python -m sagebuild build``, which prepares a clean environme
 The compiled modules talk to Python through a plain C ABI (csrc/bindings.cpp, loaded with ctypes) and
 link the CUDA runtime statically: they depend on no torch and no Python version. torch is needed at
 build time only for its extension builder (nvcc through ninja), whose CUDA major version must match
-nvcc's.
+nvcc's. What it shares with sageattn3's setup.py (the settings below, nvcc's version, the extension of
+a c-abi module, the build record, the wheel's tags) is sagebuild/sage_setup.py.
 
 Environment variables:
   SAGEATTENTION_BUILD_CUDA  auto (default): compile when torch with CUDA and nvcc are present;
@@ -24,47 +25,22 @@ Environment variables:
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import subprocess
 import sys
 from pathlib import Path
 
 from setuptools import setup
-from setuptools.command.bdist_wheel import bdist_wheel
-from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 from sagebuild import matrix as build_matrix  # noqa: E402
 from sagebuild import tags  # noqa: E402
+from sagebuild.sage_setup import PackageSetup, is_build  # noqa: E402
 
 PACKAGE = "sageattention"
-BUILD_INFO = "_build_info.json"
-# Commands that build or install; anything else (egg_info, sdist, --version) only describes the project
-# and must work without torch, e.g. to make an sdist.
-_BUILD_COMMANDS = {
-    "build",
-    "build_ext",
-    "build_py",
-    "bdist",
-    "bdist_wheel",
-    "bdist_egg",
-    "dist_info",
-    "editable_wheel",
-    "install",
-    "develop",
-}
-
-
-def note(message: str) -> None:
-    print(f"sageattention setup: {message}", flush=True)
-
-
-def stop(message: str) -> None:
-    raise SystemExit(f"\nsageattention setup: {message}\n")
+SETUP = PackageSetup(PACKAGE)
+note, stop = SETUP.note, SETUP.stop
 
 
 def how_to_build(reason: str) -> str:
@@ -82,55 +58,6 @@ def how_to_build(reason: str) -> str:
     )
 
 
-def requested_mode() -> str:
-    value = os.environ.get("SAGEATTENTION_BUILD_CUDA", "auto").strip().lower()
-    if value in ("0", "false", "no", "off"):
-        return "pure"
-    if value in ("1", "true", "yes", "on"):
-        return "cuda"
-    if value in ("", "auto"):
-        return "auto"
-    stop(f"SAGEATTENTION_BUILD_CUDA={value!r}: use auto, 1 or 0")
-    return "auto"
-
-
-def requested_wheel() -> str:
-    value = os.environ.get("SAGEATTENTION_WHEEL", "abi3").strip().lower() or "abi3"
-    if value not in ("abi3", "pinned"):
-        stop(f"SAGEATTENTION_WHEEL={value!r}: use abi3 (one wheel for every torch) or pinned (torch==X)")
-    return value
-
-
-def cuda_runtime_link(cuda_home: str) -> tuple[list[str], list[str]]:
-    """(library dirs, libraries) that link CUDA_HOME's static CUDA runtime: the modules then need no
-    libcudart of torch's, nor any other shared library beyond the C/C++ runtime and the driver."""
-    home = Path(cuda_home)
-    for lib_dir in (
-        home / "lib64",
-        home / "lib",
-        home / "lib" / "x64",
-        home / "targets" / "x86_64-linux" / "lib",
-    ):
-        if (lib_dir / "libcudart_static.a").is_file() or (lib_dir / "cudart_static.lib").is_file():
-            extra = [] if os.name == "nt" else ["rt", "pthread", "dl"]
-            return [str(lib_dir)], ["cudart_static", *extra]
-    stop(f"no static CUDA runtime (libcudart_static.a / cudart_static.lib) under {cuda_home}")
-    return [], []
-
-
-def nvcc_version(cuda_home: str) -> tuple[str, str]:
-    """(major.minor, full) of CUDA_HOME's nvcc."""
-    exe = Path(cuda_home) / "bin" / ("nvcc.exe" if os.name == "nt" else "nvcc")
-    try:
-        out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as exc:
-        stop(f"cannot run {exe} --version: {exc}")
-    match = re.search(r"release (\d+)\.(\d+), V([\d.]+)", out)
-    if not match:
-        stop(f"cannot read the CUDA version from `{exe} --version`:\n{out}")
-    return f"{match.group(1)}.{match.group(2)}", match.group(3)
-
-
 class BuildConfig:
     """What this invocation builds: decided once, before setup() runs."""
 
@@ -145,17 +72,17 @@ class BuildConfig:
         self.plans: list[build_matrix.ExtensionPlan] = []
         self.build_tag: str | None = None
         self.cuda_home: str | None = None
-        self.wheel = requested_wheel()
+        self.wheel = SETUP.wheel_kind("SAGEATTENTION_WHEEL")
         self.binding = self.package.binding
         self.requires = list(self.package.pure_requires)
         self._decide()
 
     def _decide(self) -> None:
-        mode = requested_mode()
+        mode = SETUP.cuda_mode("SAGEATTENTION_BUILD_CUDA")
         if mode == "pure":
             note("SAGEATTENTION_BUILD_CUDA=0: building the pure-Python package (no CUDA extensions)")
             return
-        metadata_only = not _BUILD_COMMANDS.intersection(sys.argv[1:])
+        metadata_only = not is_build(sys.argv[1:])
         try:
             import torch  # noqa: PLC0415 (only needed for CUDA builds)
             from torch.utils.cpp_extension import CUDA_HOME  # noqa: PLC0415
@@ -181,7 +108,7 @@ class BuildConfig:
         self.cuda_home = CUDA_HOME
         self.torch = torch.__version__.split("+")[0]
         self.torch_cuda = torch.version.cuda
-        nvcc_cuda, self.nvcc = nvcc_version(CUDA_HOME)
+        nvcc_cuda, self.nvcc = SETUP.nvcc_version(CUDA_HOME)
         if nvcc_cuda.split(".")[0] != self.torch_cuda.split(".")[0]:
             stop(
                 f"nvcc {self.nvcc} (CUDA_HOME={CUDA_HOME}) and torch {torch.__version__} "
@@ -221,39 +148,24 @@ class BuildConfig:
             if self.cuda:
                 note("no extension has sources: the wheel holds the Python package only")
             return []
-        from setuptools import Extension  # noqa: PLC0415
-
         flags = self.package.build
-        library_dirs, libraries = cuda_runtime_link(self.cuda_home)
-        cuda_include = str(Path(self.cuda_home) / "include")
-        threads = os.environ.get("NVCC_THREADS", "").strip()
-        cxx = list(flags.get("msvc_flags" if os.name == "nt" else "cxx_flags", []))
-        modules = []
-        for plan in built:
-            nvcc = list(flags.get("nvcc_flags", []))
-            nvcc += [build_matrix.Arch.parse(a).gencode for a in plan.archs]
-            if threads:
-                nvcc += ["--threads", threads]
-            if os.name == "nt":
-                nvcc += ["-Xcompiler", "/Zc:__cplusplus"]
-            # A plain extension, not torch's CUDAExtension: that one links libtorch, libc10 and torch's
-            # libcudart into the module, which is what ties a wheel to one torch.
-            modules.append(
-                Extension(
-                    name=plan.name,
-                    sources=list(plan.sources),
-                    include_dirs=[*(str(ROOT / d) for d in flags.get("include_dirs", [])), cuda_include],
-                    # py_limited_api: torch's extension builder compiles with Py_LIMITED_API set to its
-                    # oldest CPython (3.10 from torch 2.9 on: the matrix's python_floor); `sagebuild
-                    # verify` checks the modules against it with abi3audit.
-                    define_macros=list(plan.define.items()),
-                    extra_compile_args={"cxx": cxx, "nvcc": nvcc},
-                    library_dirs=library_dirs,
-                    libraries=libraries,
-                    py_limited_api=True,
-                )
+        cxx = flags.get("msvc_flags" if os.name == "nt" else "cxx_flags", [])
+        include_dirs = [str(ROOT / d) for d in flags.get("include_dirs", [])]
+        return [
+            SETUP.cuda_extension(
+                plan.name,
+                plan.sources,
+                self.cuda_home,
+                include_dirs=include_dirs,
+                define_macros=plan.define.items(),
+                cxx=cxx,
+                nvcc=[
+                    *flags.get("nvcc_flags", []),
+                    *(build_matrix.Arch.parse(a).gencode for a in plan.archs),
+                ],
             )
-        return modules
+            for plan in built
+        ]
 
     def build_info(self) -> dict:
         return {
@@ -284,34 +196,15 @@ class PlatformDistribution(Distribution):
         return CONFIG.cuda or super().has_ext_modules()
 
 
-class build_py_with_info(build_py):
-    """Writes sageattention/_build_info.json (what was compiled, for which archs) into the build."""
-
-    def run(self) -> None:
-        super().run()
-        if self.dry_run:
-            return
-        target = Path(self.build_lib) / PACKAGE / BUILD_INFO
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(CONFIG.build_info(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
-    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
-        return [*super().get_outputs(include_bytecode), str(Path(self.build_lib) / PACKAGE / BUILD_INFO)]
-
-
-class bdist_wheel_tagged(bdist_wheel):
-    """An abi3 wheel's ``cp310-abi3`` tag, or a pinned wheel's {torch}.{cuda} build tag unless one was
-    given (--build-number)."""
-
-    def finalize_options(self) -> None:
-        if CONFIG.cuda and CONFIG.wheel == "abi3" and not self.py_limited_api:
-            self.py_limited_api = tags.abi3_python_tag(CONFIG.package.abi3["python_floor"])
-        if self.build_number is None and CONFIG.build_tag:
-            self.build_number = CONFIG.build_tag
-        super().finalize_options()
-
-
-cmdclass = {"build_py": build_py_with_info, "bdist_wheel": bdist_wheel_tagged}
+# sageattention/_build_info.json (what was compiled, for which archs); an abi3 wheel's ``cp310-abi3``
+# tag, or a pinned wheel's {torch}.{cuda} build tag.
+abi3_tag = None
+if CONFIG.cuda and CONFIG.wheel == "abi3":
+    abi3_tag = tags.abi3_python_tag(CONFIG.package.abi3["python_floor"])
+cmdclass = {
+    "build_py": SETUP.build_py_with_info(lambda distribution: CONFIG.build_info()),
+    "bdist_wheel": SETUP.bdist_wheel_tagged(abi3_tag, CONFIG.build_tag),
+}
 ext_modules = CONFIG.ext_modules()
 if ext_modules:
     from torch.utils.cpp_extension import BuildExtension  # noqa: E402

@@ -10,12 +10,14 @@ The module talks to Python through the plain C ABI that sageattention's modules 
 depends on no torch and no Python version, so the default wheel is one abi3 wheel per CUDA line
 (``cp310-abi3``, ``torch>=2.9.0``) that serves every torch from the floor on. torch is needed at build
 time only for its extension builder (nvcc through ninja), whose CUDA major version must match nvcc's.
-The package-neutral half of that ABI comes from the repository (shared_sources.py).
+The package-neutral half of that ABI, and the build pieces this file shares with sageattention's
+setup.py (sage_setup.py: the settings below, nvcc's version, the extension, the build record, the abi3
+tag), come from the repository (shared_sources.py).
 
 Environment variables:
   SAGEATTN3_BUILD_CUDA   auto (default): compile when torch with CUDA and nvcc are present;
-                         1: compile or fail; 0: pure-Python wheel. SAGEATTENTION_BUILD_CUDA (what
-                         sagebuild sets) is read when this one is unset.
+                         1: compile or fail; 0: pure-Python wheel (true/false, yes/no, on/off too).
+                         SAGEATTENTION_BUILD_CUDA (what sagebuild sets) is read when this one is unset.
   SAGEATTN3_WHEEL        abi3 (default): one wheel for every torch from TORCH_FLOOR on and every CPython
                          from PYTHON_FLOOR on; pinned: a wheel for the build's torch (``torch==X``, one
                          Python). SAGEATTENTION_WHEEL (what sagebuild sets) is read when this one is unset.
@@ -30,20 +32,18 @@ The kernels use inline PTX only; no CUTLASS headers are needed.
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import subprocess
 import sys
 from pathlib import Path
 
-from setuptools import Extension, setup
-from setuptools.command.bdist_wheel import bdist_wheel
-from setuptools.command.build_py import build_py
+from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 from shared_sources import sync  # noqa: E402
+
+written = sync(ROOT)  # before the import of sage_setup, one of the files it copies
+from sage_setup import PackageSetup, is_build  # noqa: E402
 
 SOURCES = ["csrc/bindings.cpp", "csrc/quant_nvfp4.cu", "csrc/attn_nvfp4.cu", "csrc/mma_smoke.cu"]
 # arch -> (nvcc target, macro telling the sources which families the module holds)
@@ -58,26 +58,8 @@ DEFAULT_ARCHS = "10.0a;12.0a"
 TORCH_FLOOR = "2.9.0"
 PYTHON_FLOOR = "3.10"
 PURE_REQUIRES = ["torch>=2.4"]
-BUILD_INFO = "_build_info.json"
-_BUILD_COMMANDS = {"build", "build_ext", "bdist_wheel", "bdist_egg", "editable_wheel", "install", "develop"}
-
-
-def note(message: str) -> None:
-    print(f"sageattn3 setup: {message}", flush=True)
-
-
-def stop(message: str) -> None:
-    raise SystemExit(f"\nsageattn3 setup: {message}\n")
-
-
-def setting(name: str, default: str, valid: tuple[str, ...]) -> str:
-    """SAGEATTN3_<name>, else SAGEATTENTION_<name> (sagebuild's), else ``default``."""
-    value = (
-        os.environ.get(f"SAGEATTN3_{name}", os.environ.get(f"SAGEATTENTION_{name}", default)).strip().lower()
-    )
-    if value not in valid:
-        stop(f"SAGEATTN3_{name}={value!r}: use {', '.join(valid)}")
-    return value
+SETUP = PackageSetup("sageattn3")
+note, stop = SETUP.note, SETUP.stop
 
 
 def requested_archs() -> list[str]:
@@ -95,27 +77,16 @@ def requested_archs() -> list[str]:
     return archs
 
 
-def static_cudart(cuda_home: str) -> tuple[list[str], list[str]]:
-    """(library dirs, libraries) of CUDA_HOME's static CUDA runtime, so that the module needs no libcudart
-    of torch's (nor any shared library beyond the C/C++ runtime and the driver)."""
-    home, windows = Path(cuda_home), os.name == "nt"
-    name = "cudart_static.lib" if windows else "libcudart_static.a"
-    found = [*home.glob(f"lib*/{name}"), *home.glob(f"lib/x64/{name}"), *home.glob(f"targets/*/lib/{name}")]
-    if not found:
-        stop(f"no static CUDA runtime ({name}) under {cuda_home}")
-    return [str(found[0].parent)], ["cudart_static", *([] if windows else ["rt", "pthread", "dl"])]
-
-
 class Build:
     """What this invocation builds, decided once before setup() runs."""
 
     def __init__(self) -> None:
-        self.ext_modules: list[Extension] = []
+        self.ext_modules: list = []
         self.requires = list(PURE_REQUIRES)
-        self.wheel = setting("WHEEL", "abi3", ("abi3", "pinned"))
+        self.wheel = SETUP.wheel_kind("SAGEATTN3_WHEEL", "SAGEATTENTION_WHEEL")
         self.info: dict = {"package": "sageattn3", "cuda_build": False, "wheel_kind": "pure", "archs": []}
-        mode = setting("BUILD_CUDA", "auto", ("auto", "0", "1"))
-        if mode == "0" or not _BUILD_COMMANDS.intersection(sys.argv[1:]):
+        mode = SETUP.cuda_mode("SAGEATTN3_BUILD_CUDA", "SAGEATTENTION_BUILD_CUDA")
+        if mode == "pure" or not is_build(sys.argv[1:]):
             return
         try:
             import torch  # noqa: PLC0415 (only needed for CUDA builds)
@@ -129,7 +100,7 @@ class Build:
             elif CUDA_HOME is None or not (Path(CUDA_HOME) / "bin").exists():
                 reason = "nvcc not found (set CUDA_HOME)"
         if reason:
-            if mode == "1":
+            if mode == "cuda":
                 stop(f"cannot build the extension: {reason}")
             note(f"pure-Python build: {reason}")
             return
@@ -143,30 +114,15 @@ class Build:
             code, macro = ARCHS[arch]
             nvcc += ["-gencode", f"arch=compute_{code},code=sm_{code}"]
             defines.append((macro, "1"))
-        threads = os.environ.get("NVCC_THREADS")
-        if threads:
-            nvcc.append(f"--threads={threads}")
-        windows = os.name == "nt"
-        if windows:
-            nvcc += ["-Xcompiler", "/Zc:__cplusplus"]
-        library_dirs, libraries = static_cudart(cuda_home)
-        # A plain extension, not torch's CUDAExtension: that one links libtorch, libc10 and torch's
-        # libcudart into the module, which is what ties a wheel to one torch. py_limited_api: the module
-        # is an empty limited-API Python module (sage_cabi.h); `sagebuild verify` checks both claims.
         self.ext_modules = [
-            Extension(
-                name="sageattn3._C",
-                sources=SOURCES,
-                include_dirs=[
-                    str(ROOT / "csrc"),
-                    str(ROOT / "csrc" / "shared"),
-                    str(Path(cuda_home) / "include"),
-                ],
+            SETUP.cuda_extension(
+                "sageattn3._C",
+                SOURCES,
+                cuda_home,
+                include_dirs=[str(ROOT / "csrc"), str(ROOT / "csrc" / "shared")],
                 define_macros=defines,
-                extra_compile_args={"cxx": ["/O2", "/Zc:__cplusplus"] if windows else ["-O3"], "nvcc": nvcc},
-                library_dirs=library_dirs,
-                libraries=libraries,
-                py_limited_api=True,
+                cxx=["/O2", "/Zc:__cplusplus"] if os.name == "nt" else ["-O3"],
+                nvcc=nvcc,
                 depends=["csrc/sage3_kernels.h", "csrc/nvfp4.cuh", "csrc/shared/sage_cabi.h"],
             )
         ]
@@ -174,8 +130,7 @@ class Build:
             self.requires = [f"torch>={TORCH_FLOOR}"]
         else:
             self.requires = [f"torch=={torch_version}"]
-        version = re.search(r"release \S+, V([\d.]+)", self._nvcc_version(cuda_home))
-        nvcc_version = version.group(1) if version else None
+        _, nvcc_version = SETUP.nvcc_version(cuda_home)
         self.info.update(
             cuda_build=True, torch=torch_version, torch_cuda=torch_cuda, nvcc=nvcc_version, archs=archs,
             wheel_kind=self.wheel, binding="c-abi", cuda_line=torch_cuda.split(".")[0],
@@ -186,46 +141,20 @@ class Build:
             f"{torch_cuda}, {self.wheel} wheel, requires {self.requires[0]}"
         )
 
-    @staticmethod
-    def _nvcc_version(cuda_home: str) -> str:
-        exe = Path(cuda_home) / "bin" / ("nvcc.exe" if os.name == "nt" else "nvcc")
-        try:
-            return subprocess.run([str(exe), "--version"], capture_output=True, text=True, check=True).stdout
-        except (OSError, subprocess.CalledProcessError) as exc:
-            stop(f"cannot run {exe} --version: {exc}")
-            return ""
 
-
-class build_py_with_info(build_py):
-    """Writes sageattn3/_build_info.json (what was compiled, with which CUDA, for which archs)."""
-
-    def run(self) -> None:
-        super().run()
-        if self.dry_run:
-            return
-        target = Path(self.build_lib) / "sageattn3" / BUILD_INFO
-        target.parent.mkdir(parents=True, exist_ok=True)
-        record = {**BUILD.info, "version": self.distribution.get_version()}
-        target.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
-    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
-        return [*super().get_outputs(include_bytecode), str(Path(self.build_lib) / "sageattn3" / BUILD_INFO)]
-
-
-class bdist_wheel_abi3(bdist_wheel):
-    """The abi3 wheel's ``cp310-abi3`` tag (a pinned or pure wheel keeps its own)."""
-
-    def finalize_options(self) -> None:
-        if BUILD.ext_modules and BUILD.wheel == "abi3" and not self.py_limited_api:
-            self.py_limited_api = "cp" + PYTHON_FLOOR.replace(".", "")
-        super().finalize_options()
-
-
-written = sync(ROOT)
 if written:
     note(f"copied from the repository: {', '.join(written)}")
 BUILD = Build()
-cmdclass = {"build_py": build_py_with_info, "bdist_wheel": bdist_wheel_abi3}
+cmdclass = {
+    # sageattn3/_build_info.json (what was compiled, with which CUDA, for which archs; the version with
+    # its local part); the abi3 wheel's ``cp310-abi3`` tag (a pinned or pure wheel keeps its own).
+    "build_py": SETUP.build_py_with_info(
+        lambda distribution: {**BUILD.info, "version": distribution.get_version()}
+    ),
+    "bdist_wheel": SETUP.bdist_wheel_tagged(
+        "cp" + PYTHON_FLOOR.replace(".", "") if BUILD.ext_modules and BUILD.wheel == "abi3" else None
+    ),
+}
 if BUILD.ext_modules:
     from torch.utils.cpp_extension import BuildExtension  # noqa: E402
 

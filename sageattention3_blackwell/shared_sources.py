@@ -1,11 +1,14 @@
-"""The files sageattn3 takes from the repository: the package-neutral half of the compiled modules' C ABI.
+"""The files sageattn3 takes from the repository: the package-neutral half of the compiled modules' C ABI,
+and the build pieces both packages' setup.py share.
 
 sageattention and sageattn3 export the same plain C ABI from their compiled modules (tensor descriptors,
 errors, the op signature, the version exports): its C side is one header, csrc/include/sage_cabi.h, and
-its Python side one module, sageattention/_cabi.py (descriptor packing, ``Library``, loading). Both are
-kept once, in the repository, and copied into this package's tree when it is built, at the paths of
-``SHARED`` (git-ignored there); the wheel and the sdist carry the copies, so neither package needs the
-other at run time.
+its Python side one module, sageattention/_cabi.py (descriptor packing, ``Library``, loading). Their
+setup.py build the modules the same way (sagebuild/sage_setup.py: settings, nvcc's version, the
+extension, the build record, the abi3 tag). All three are kept once, in the repository, and copied into
+this package's tree when it is built, at the paths of ``SHARED`` (git-ignored there); the wheel carries
+the copy of _cabi.py (and a module compiled on the header), the sdist all three, so neither package
+needs the other at run time, nor sageattn3's build sagebuild.
 
 Why copies made by the build: a second copy kept by hand drifts from the first with the next change of
 the ABI (a descriptor word, a dtype code, an export), and the drift shows only on a GPU, as garbage or a
@@ -27,6 +30,7 @@ from pathlib import Path
 SHARED = {
     "csrc/include/sage_cabi.h": "csrc/shared/sage_cabi.h",
     "sageattention/_cabi.py": "sageattn3/_cabi.py",
+    "sagebuild/sage_setup.py": "sage_setup.py",
 }
 PACKAGE_ROOT = Path(__file__).resolve().parent
 

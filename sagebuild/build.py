@@ -18,7 +18,6 @@ two builds of one source in one environment differ at most in their compiled obj
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import importlib.util
 import json
 import os
@@ -245,14 +244,6 @@ def _create_claim(claim: Path, record: dict, label: str) -> None:
         draft.unlink(missing_ok=True)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _partial_owner(path: Path) -> int | None:
     """The pid in ``.NAME.whl.PID.partial``."""
     pid = path.name[: -len(PARTIAL_SUFFIX)].rsplit(".", 1)[-1]
@@ -292,14 +283,15 @@ def publish(wheel: Path, out: Path, progress: envs.Progress) -> Path:
         shutil.copy2(wheel, partial)
         with open(partial, "rb+") as handle:
             os.fsync(handle.fileno())
-        if _sha256(partial) != _sha256(wheel):
+        if envs.file_sha256(partial) != envs.file_sha256(wheel):
             raise SagebuildError(
                 f"the copy of {wheel.name} in {out} differs from the built wheel (disk full?)"
             )
         os.replace(partial, final)
     finally:
         partial.unlink(missing_ok=True)
-    progress.detail(f"{final} ({final.stat().st_size / 1e6:.1f} MB, sha256 {_sha256(final)[:16]}...)")
+    digest = envs.file_sha256(final)
+    progress.detail(f"{final} ({final.stat().st_size / 1e6:.1f} MB, sha256 {digest[:16]}...)")
     return final
 
 

@@ -7,6 +7,7 @@ Everything here works on Linux and Windows: paths go through pathlib, commands a
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import os
 import re
@@ -291,6 +292,15 @@ def torch_index(cuda_tag: str, explicit: str | None = None) -> str | None:
         return template.format(cuda_tag=cuda_tag, cuda=cuda_tag[2:])
     except (KeyError, IndexError) as exc:
         raise SagebuildError(f"SAGEBUILD_TORCH_INDEX={template!r}: unknown placeholder {exc}") from exc
+
+
+def file_sha256(path: Path) -> str:
+    """The hex SHA-256 of a file, read in 1 MiB blocks (wheels run to hundreds of MB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def read_marker(path: Path) -> dict | None:

@@ -14,7 +14,6 @@ well.)
 
 from __future__ import annotations
 
-import hashlib
 import html
 import json
 import os
@@ -47,14 +46,6 @@ class IndexedWheel:
     sha256: str
     variant: str | None  # None: every variant (pure wheels) or only the flat index (unknown names)
     pure: bool
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _href(target: Path, page_dir: Path) -> str:
@@ -157,7 +148,7 @@ def build_index(wheel_dir: Path, out_dir: Path, matrix: Matrix, copy: bool = Fal
             if path.parent != files:
                 shutil.copy2(path, files / path.name)
             path = files / path.name
-        wheels.append(IndexedWheel(path, path.name, project, _sha256(path), variant, pure))
+        wheels.append(IndexedWheel(path, path.name, project, envs.file_sha256(path), variant, pure))
     _write_simple(out_dir / "simple", wheels)
     variants = sorted({w.variant for w in wheels if w.variant})
     manifest = {"simple": sorted(w.filename for w in wheels), "variants": {}}

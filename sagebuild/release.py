@@ -9,12 +9,12 @@ are never overwritten). On success it can gather the wheels into one folder and 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import envs
 from .errors import SagebuildError, TagError, UsageError
 from .matrix import Matrix, Target
 
@@ -152,17 +152,9 @@ def check_release(
     return report
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def sums_text(wheels: Sequence[Path]) -> str:
     """``sha256sum`` format (two spaces, binary-safe names), sorted by file name."""
-    return "".join(f"{sha256(p)}  {p.name}\n" for p in sorted(wheels, key=lambda p: p.name))
+    return "".join(f"{envs.file_sha256(p)}  {p.name}\n" for p in sorted(wheels, key=lambda p: p.name))
 
 
 # ----------------------------------------------------------------------------------------------------

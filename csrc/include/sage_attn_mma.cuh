@@ -124,6 +124,51 @@ __device__ __forceinline__ void qk_mma(int32_t (&s)[kSTiles][4], const uint32_t 
   }
 }
 
+// acc += P V over one key block for the policies' mma(): pf holds P's A fragments (kPSteps MMA steps
+// over the block's keys), load_b(tp, kk, r) loads into r[4] the B fragments of output tile pair tp (two
+// n8 tiles, r[0..1] and r[2..3]) at step kk, mma_f32(c, a, b) and mma_f16(c, a, b) are the policy's MMAs
+// into FP32 and FP16 accumulators. Output tile pairs outermost: a per-block accumulator (kFp32ThenFp32,
+// kFp16ThenFp32) then lives for one pair only (8 or 4 registers), not for the whole 16 x D tile, and is
+// added into the FP32 output once the block's keys are done.
+template <int D, PvAccum kAccum, int kPSteps, typename LoadB, typename MmaF32, typename MmaF16>
+__device__ __forceinline__ void pv_mma_tile_pairs(float (&acc)[D / 8][4], const uint32_t (&pf)[kPSteps][4],
+                                                  LoadB&& load_b, MmaF32&& mma_f32, MmaF16&& mma_f16) {
+#pragma unroll
+  for (int tp = 0; tp < D / 16; ++tp) {
+    float c32[2][4] = {};
+    uint32_t c16[2][2] = {};
+#pragma unroll
+    for (int kk = 0; kk < kPSteps; ++kk) {
+      uint32_t r[4];
+      load_b(tp, kk, r);
+      const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+      if constexpr (kAccum == PvAccum::kFp32) {
+        mma_f32(acc[2 * tp], pf[kk], b0);
+        mma_f32(acc[2 * tp + 1], pf[kk], b1);
+      } else if constexpr (kAccum == PvAccum::kFp32ThenFp32) {
+        mma_f32(c32[0], pf[kk], b0);
+        mma_f32(c32[1], pf[kk], b1);
+      } else {
+        mma_f16(c16[0], pf[kk], b0);
+        mma_f16(c16[1], pf[kk], b1);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if constexpr (kAccum == PvAccum::kFp32ThenFp32) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[2 * tp + j][e] += c32[j][e];
+      } else if constexpr (kAccum == PvAccum::kFp16ThenFp32) {
+        const float2 top = unpack_half2(c16[j][0]), bottom = unpack_half2(c16[j][1]);
+        acc[2 * tp + j][0] += top.x;
+        acc[2 * tp + j][1] += top.y;
+        acc[2 * tp + j][2] += bottom.x;
+        acc[2 * tp + j][3] += bottom.y;
+      }
+    }
+  }
+}
+
 // Minimum CTAs per SM given to __launch_bounds__ (0: none). Both tile widths run one 256-thread CTA
 // per SM (128 to 240 registers per thread). The values only steer ptxas's register target, measured
 // with CUDA 13.0: without a minimum it aimed at 128 registers for some d = 64 instances and spilled;

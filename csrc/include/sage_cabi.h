@@ -252,3 +252,13 @@ SAGE_EXPORT int sage_cuda_driver_version() {
   (void)a;                                          \
   (void)stream;                                     \
   (void)ret
+
+// An op whose body runs guarded: SAGE_CHECKED_OP(name) { ... } is SAGE_OP(name) { return guarded([&] {
+// SAGE_OP_BODY; ... }); }, the body seeing the op's arguments as `a`, its stream as `stream` and its
+// int64 return words as `ret`.
+#define SAGE_CHECKED_OP(name)                                                                                \
+  static void sage_checked_##name(const Args& a, cudaStream_t stream, int64_t* ret);                         \
+  SAGE_OP(name) {                                                                                            \
+    return guarded([&] { sage_checked_##name(Args{t, i, f}, static_cast<cudaStream_t>(stream_ptr), ret); }); \
+  }                                                                                                          \
+  static void sage_checked_##name(const Args& a, cudaStream_t stream, int64_t* ret)

@@ -115,31 +115,19 @@ __device__ __forceinline__ uint16_t e4m3x2_of(float x0, float x1) {
 template <bool kAccumulate>
 __device__ __forceinline__ void wgmma_m64n128k32_s32_s8(int32_t (&d)[64], uint64_t desc_a, uint64_t desc_b);
 
-template <>
-__device__ __forceinline__ void wgmma_m64n128k32_s32_s8<false>(int32_t (&d)[64], uint64_t desc_a,
-                                                               uint64_t desc_b) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {" SAGE_WG_REGS64 "}, %64, %65, p;\n"
-      "}\n"
-      : SAGE_WG_OPS64("=r", d)
-      : "l"(desc_a), "l"(desc_b), "n"(0));
-}
-
-template <>
-__device__ __forceinline__ void wgmma_m64n128k32_s32_s8<true>(int32_t (&d)[64], uint64_t desc_a,
-                                                              uint64_t desc_b) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {" SAGE_WG_REGS64 "}, %64, %65, p;\n"
-      "}\n"
-      : SAGE_WG_OPS64("+r", d)
-      : "l"(desc_a), "l"(desc_b), "n"(1));
-}
+// Both specializations: scale-d 0 with write-only accumulator operands (C: "=r"), 1 with read-write
+// ones ("+r").
+#define SAGE_WGMMA_S32_S8_AS(K, C, SCALE_D)                                                                       \
+  template <>                                                                                                     \
+  __device__ __forceinline__ void wgmma_m64n128k32_s32_s8<K>(int32_t(&d)[64], uint64_t desc_a, uint64_t desc_b) { \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                     \
+                 "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {" SAGE_WG_REGS64 "}, %64, %65, p;\n}\n"      \
+                 : SAGE_WG_OPS64(C, d)                                                                            \
+                 : "l"(desc_a), "l"(desc_b), "n"(SCALE_D));                                                       \
+  }
+SAGE_WGMMA_S32_S8_AS(false, "=r", 0)
+SAGE_WGMMA_S32_S8_AS(true, "+r", 1)
+#undef SAGE_WGMMA_S32_S8_AS
 
 // O_blk = P V: FP8 e4m3 x e4m3 -> FP32, 64 x N x 32 per warpgroup, P (A) from registers, Vᵀ (B)
 // from shared memory (K-major: keys contiguous per channel; FP8 wgmma has no transposed form).

@@ -59,46 +59,17 @@ struct PvF16 {
       pf[kk][2] = pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
       pf[kk][3] = pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
-    // Output tile pairs outermost: a per-block accumulator then lives for one pair only (8 or 4
-    // registers), not for the whole 16 x D tile.
-#pragma unroll
-    for (int tp = 0; tp < D / 16; ++tp) {
-      float c32[2][4] = {};
-      uint32_t c16[2][2] = {};
-#pragma unroll
-      for (int kk = 0; kk < kPSteps; ++kk) {
-        // Matrices: (keys +0..7, ch +0..7), (keys +8..15, ch +0..7), (keys +0..7, ch +8..15), ...
-        const int key = kk * 16 + (ld_mat & 1) * 8 + ld_row;
-        const int ch = tp * 16 + (ld_mat >> 1) * 8;
-        uint32_t r[4];
-        ldmatrix_x4_trans(r, v_smem + key * VTile<D>::kPitch + ch * 2);
-        const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-        if constexpr (kAccum == PvAccum::kFp32) {
-          mma_m16n8k16_f16_f32(acc[2 * tp], pf[kk], b0);
-          mma_m16n8k16_f16_f32(acc[2 * tp + 1], pf[kk], b1);
-        } else if constexpr (kAccum == PvAccum::kFp32ThenFp32) {
-          mma_m16n8k16_f16_f32(c32[0], pf[kk], b0);
-          mma_m16n8k16_f16_f32(c32[1], pf[kk], b1);
-        } else {
-          // FP16 accumulators for one 64-key block: P <= 1, so a block sum is at most 64 * max|V|.
-          mma_m16n8k16_f16_f16(c16[0], pf[kk], b0);
-          mma_m16n8k16_f16_f16(c16[1], pf[kk], b1);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        if constexpr (kAccum == PvAccum::kFp32ThenFp32) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[2 * tp + j][e] += c32[j][e];
-        } else if constexpr (kAccum == PvAccum::kFp16ThenFp32) {
-          const float2 top = unpack_half2(c16[j][0]), bottom = unpack_half2(c16[j][1]);
-          acc[2 * tp + j][0] += top.x;
-          acc[2 * tp + j][1] += top.y;
-          acc[2 * tp + j][2] += bottom.x;
-          acc[2 * tp + j][3] += bottom.y;
-        }
-      }
-    }
+    pv_mma_tile_pairs<D, kAccum>(
+        acc, pf,
+        [&](int tp, int kk, uint32_t(&r)[4]) {
+          // Matrices: (keys +0..7, ch +0..7), (keys +8..15, ch +0..7), (keys +0..7, ch +8..15), ...
+          const int key = kk * 16 + (ld_mat & 1) * 8 + ld_row;
+          const int ch = tp * 16 + (ld_mat >> 1) * 8;
+          ldmatrix_x4_trans(r, v_smem + key * VTile<D>::kPitch + ch * 2);
+        },
+        [](float(&c)[4], const uint32_t(&a)[4], const uint32_t(&b)[2]) { mma_m16n8k16_f16_f32(c, a, b); },
+        // FP16 accumulators for one 64-key block: P <= 1, so a block sum is at most 64 * max|V|.
+        [](uint32_t(&c)[2], const uint32_t(&a)[4], const uint32_t(&b)[2]) { mma_m16n8k16_f16_f16(c, a, b); });
   }
 
   static __device__ __forceinline__ float2 channel_scale(const MmaAttnArgs&, int, int, int) {

@@ -74,46 +74,22 @@ struct PvF8 {
       pf[kk][2] = cvt_e4m3x4(t2[0] * kPScale, t2[1] * kPScale, t3[0] * kPScale, t3[1] * kPScale);
       pf[kk][3] = cvt_e4m3x4(t2[2] * kPScale, t2[3] * kPScale, t3[2] * kPScale, t3[3] * kPScale);
     }
-    // Output tile pairs outermost: a per-block accumulator lives for one pair only (8 or 4 registers).
-#pragma unroll
-    for (int tp = 0; tp < D / 16; ++tp) {
-      float c32[2][4] = {};
-      uint32_t c16[2][2] = {};
-#pragma unroll
-      for (int kk = 0; kk < kPSteps; ++kk) {
-        // Matrices: (channels +0..7, slots +0..15), (channels +0..7, slots +16..31), (channels +8..15, ...), ...
-        const int ch = tp * 16 + (ld_mat >> 1) * 8 + ld_row;
-        const int slot = kk * 32 + (ld_mat & 1) * 16;
-        uint32_t r[4];
-        ldmatrix_x4(r, v_smem + ch * VTile<D>::kPitch + slot);
-        const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-        if constexpr (kAccum == PvAccum::kFp32) {
-          mma_m16n8k32_e4m3_f32(acc[2 * tp], pf[kk], b0);
-          mma_m16n8k32_e4m3_f32(acc[2 * tp + 1], pf[kk], b1);
-        } else if constexpr (kAccum == PvAccum::kFp32ThenFp32) {
-          mma_m16n8k32_e4m3_f32(c32[0], pf[kk], b0);
-          mma_m16n8k32_e4m3_f32(c32[1], pf[kk], b1);
-        } else {
+    pv_mma_tile_pairs<D, kAccum>(
+        acc, pf,
+        [&](int tp, int kk, uint32_t(&r)[4]) {
+          // Matrices: (channels +0..7, slots +0..15), (channels +0..7, slots +16..31), (channels +8..15, ...), ...
+          const int ch = tp * 16 + (ld_mat >> 1) * 8 + ld_row;
+          const int slot = kk * 32 + (ld_mat & 1) * 16;
+          ldmatrix_x4(r, v_smem + ch * VTile<D>::kPitch + slot);
+        },
+        [](float(&c)[4], const uint32_t(&a)[4], const uint32_t(&b)[2]) { mma_m16n8k32_e4m3_f32(c, a, b); },
+        [](uint32_t(&c)[2], const uint32_t(&a)[4], const uint32_t(&b)[2]) {
 #if SAGE_HAS_MMA_E4M3_F16
-          mma_m16n8k32_e4m3_f16(c16[0], pf[kk], b0);
-          mma_m16n8k32_e4m3_f16(c16[1], pf[kk], b1);
+          mma_m16n8k32_e4m3_f16(c, a, b);
+#else
+          (void)c, (void)a, (void)b;  // no instance accumulates in FP16 without the instruction
 #endif
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        if constexpr (kAccum == PvAccum::kFp32ThenFp32) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[2 * tp + j][e] += c32[j][e];
-        } else if constexpr (kAccum == PvAccum::kFp16ThenFp32) {
-          const float2 top = unpack_half2(c16[j][0]), bottom = unpack_half2(c16[j][1]);
-          acc[2 * tp + j][0] += top.x;
-          acc[2 * tp + j][1] += top.y;
-          acc[2 * tp + j][2] += bottom.x;
-          acc[2 * tp + j][3] += bottom.y;
-        }
-      }
-    }
+        });
   }
 
   static __device__ __forceinline__ float2 channel_scale(const MmaAttnArgs& p, int b, int hk, int ch) {

@@ -1,7 +1,7 @@
 """Puts the sageattn3 source tree (and this folder, for sage3_toolchain) on sys.path, so the tests run
 from the repository root (``python -m pytest sageattention3_blackwell/tests/unit``) without installing
 the package, and copies into that tree the files a build takes from the repository (shared_sources.py:
-the package-neutral C ABI), as the build does."""
+the package-neutral C ABI, and the setup.py pieces of sage_setup.py), as the build does."""
 
 from __future__ import annotations
 

@@ -119,8 +119,9 @@ def test_the_op_signature_and_descriptor_width_are_the_header_s():
 
 
 def test_sageattn3_takes_the_one_copy_of_each_shared_file():
-    """sageattn3's build copies sage_cabi.h and _cabi.py from here (shared_sources.SHARED), sagebuild
-    stages the same files (build-matrix.yaml, shared_files), and its setup.py's floors are the matrix's."""
+    """sageattn3's build copies sage_cabi.h, _cabi.py and sage_setup.py from here (shared_sources.SHARED),
+    sagebuild stages the same files (build-matrix.yaml, shared_files), and its setup.py's floors are the
+    matrix's."""
     sys.path.insert(0, str(SAGE3))
     try:
         import shared_sources
@@ -133,6 +134,7 @@ def test_sageattn3_takes_the_one_copy_of_each_shared_file():
         == {
             "csrc/include/sage_cabi.h",
             "sageattention/_cabi.py",
+            "sagebuild/sage_setup.py",
         }
     )
     for source in shared_sources.SHARED:
