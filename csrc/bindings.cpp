@@ -759,9 +759,13 @@ SAGE_CHECKED_OP(qk_int8_sv_f8_attn_sm90) {
   run_attn_sm90(args, partials, q_int8.device, stream);
 }
 
+// Bytes of attn_sm90's key order under a key-padding mask, kept in its workspace after the QkvLayout
+// parts (every call reserves them: 4 (B Nk + B) bytes): key_order int32 [B, Nk], then kv_len int32 [B].
+int64_t key_order_bytes(int64_t b, int64_t nk) { return round_up(4 * b * nk, 256) + round_up(4 * b, 256); }
+
 // Bytes of attn_sm90's workspace for these sizes on `device`: the quantized Q, K, V with their scales
-// and the quantization's workspace (QkvLayout), then the split's partials (-1 with sage_last_error set
-// when the sizes are not valid or the device cannot be asked).
+// and the quantization's workspace (QkvLayout), the key order (key_order_bytes), then the split's
+// partials (-1 with sage_last_error set when the sizes are not valid or the device cannot be asked).
 SAGE_EXPORT int64_t sage_attn_sm90_workspace_bytes(int64_t b, int64_t hq, int64_t hkv, int64_t nq, int64_t nk,
                                                    int64_t head_dim, int64_t d_pad, int64_t smooth_k,
                                                    int64_t with_corr, int64_t causal, int64_t device) {
@@ -774,7 +778,8 @@ SAGE_EXPORT int64_t sage_attn_sm90_workspace_bytes(int64_t b, int64_t hq, int64_
     qa.n_pad = static_cast<int>(round_up(nk, sage::kQkvKeyGroup));
     qa.smooth_k = smooth_k != 0;
     const QkvLayout layout(qa, with_corr != 0);
-    bytes = layout.offsets()[kQkvParts] + split_bytes(b, hq, nq, nk, d_pad, causal != 0, static_cast<int>(device));
+    bytes = layout.offsets()[kQkvParts] + key_order_bytes(b, nk) +
+            split_bytes(b, hq, nq, nk, d_pad, causal != 0, static_cast<int>(device));
   });
   return bytes;
 }
@@ -783,35 +788,39 @@ SAGE_EXPORT int64_t sage_attn_sm90_workspace_bytes(int64_t b, int64_t hq, int64_
 // outputs in the workspace, then qk_int8_sv_f8_attn_sm90 on them, out of q's dtype. The same kernels on
 // the same data as the two ops, so the same bits, with one allocation for the intermediates and none of
 // them handed to Python. tensors: q, k, v, out [B, Hq, Nq, D] of q's dtype (HND or NHD memory), lse?,
-// workspace (sage_attn_sm90_workspace_bytes uint8), kv_len? (int32 [B]: batch entry b attends to its
-// first kv_len[b] keys; not with is_causal), key_order? (int32 [B, Nk], with kv_len: key t of batch entry
-// b is input row key_order[b, t] of k and v, which must then be 16-byte aligned; without it, key t is row
-// t); ints: is_causal, d_pad, smooth_k, return_lse; floats: sm_scale, scale_mul.
+// workspace (sage_attn_sm90_workspace_bytes uint8), key_mask? (uint8 [B, Nk], any strides: nonzero
+// keeps key t of batch entry b; not with is_causal: the op puts each batch entry's kept keys first, the
+// quantization reads K and V in that order and the attention attends to as many keys as the entry
+// keeps, QuantQkvArgs::key_mask); ints: is_causal, d_pad, smooth_k, return_lse; floats: sm_scale,
+// scale_mul.
 SAGE_CHECKED_OP(attn_sm90) {
   const View q = a.tensor(0), k = a.tensor(1), v = a.tensor(2), out = a.tensor(3), lse = a.tensor(4),
-             workspace = a.tensor(5), kv_len = a.tensor(6), key_order = a.tensor(7);
+             workspace = a.tensor(5), key_mask = a.tensor(6);
   const bool is_causal = a.flag(0), smooth_k = a.flag(2), return_lse = a.flag(3);
   const int64_t d_pad = a.integer(1);
   const bool with_corr = return_lse && smooth_k;
   sage::QuantQkvArgs qa = qkv_inputs(q, k, v, smooth_k, a.real(0), a.real(1), d_pad, with_corr);
-  if (key_order.defined()) {
-    SAGE_CHECK(kv_len.defined(), "key_order comes with kv_len (the kept keys first, then how many)");
-    check_tensor("", key_order, "key_order", kI32, {qa.batch, qa.nk}, q, false);
-    qa.key_order = key_order.ptr<int>();
-  }
-  if (kv_len.defined()) {
-    check_tensor("", kv_len, "kv_len", kI32, {qa.batch}, q, false);
-    SAGE_CHECK(!is_causal, "kv_len (key lengths) cannot be combined with is_causal");
+  if (key_mask.defined()) {
+    check_tensor("", key_mask, "key_mask", kU8, {qa.batch, qa.nk}, q, true);
+    SAGE_CHECK(!is_causal, "key_mask (a key-padding mask) cannot be combined with is_causal");
   }
   check_attn_outputs(out, lse, return_lse, qa.batch, qa.heads_q, qa.nq, qa.head_dim, q);
   SAGE_CHECK(out.dtype == q.dtype, "output out must have q's dtype ", DtypeOf{q}, ", got ", DtypeOf{out});
   const QkvLayout layout(qa, with_corr);
   const auto offset = layout.offsets();
-  uint8_t* partials = sm90_workspace(workspace, offset[kQkvParts], qa.batch, qa.heads_q, qa.nq, qa.nk, d_pad,
-                                     is_causal, q);
+  uint8_t* partials = sm90_workspace(workspace, offset[kQkvParts] + key_order_bytes(qa.batch, qa.nk), qa.batch,
+                                     qa.heads_q, qa.nq, qa.nk, d_pad, is_causal, q);
   std::array<void*, kQkvParts> p;
   for (int i = 0; i < kQkvParts; ++i) p[i] = workspace.ptr<uint8_t>() + offset[i];
   set_outputs(qa, p, with_corr);
+  if (key_mask.defined()) {
+    uint8_t* keys = workspace.ptr<uint8_t>() + offset[kQkvParts];
+    qa.key_order = reinterpret_cast<int*>(keys);
+    qa.kv_len = reinterpret_cast<int*>(keys + round_up(4 * int64_t{qa.batch} * qa.nk, 256));
+    qa.key_mask = key_mask.ptr<uint8_t>();
+    qa.key_mask_sb = key_mask.strides[0];
+    qa.key_mask_sn = key_mask.strides[1];
+  }
   const DeviceGuard guard(q.device);
   launch_quant_qkv(qa, stream, "attn_sm90 (quantization)");
 
@@ -819,7 +828,7 @@ SAGE_CHECKED_OP(attn_sm90) {
   const auto part = [&](int i) { return layout.view(i, p[i], q); };
   sage::AttnSm90Args args = sm90_args(part(kQInt8), part(kKInt8), part(kVt), part(kQScale), part(kKScale),
                                       part(kVScale), with_corr ? part(kCorr) : View{}, out, lse, is_causal);
-  args.kv_len = kv_len.defined() ? kv_len.ptr<int>() : nullptr;
+  args.kv_len = qa.kv_len;
   // The tile counter and the split tiles' counters: ints of the quantization's workspace that its launch
   // has zeroed (quant.h).
   args.tile_counter = reinterpret_cast<int*>(

@@ -269,10 +269,10 @@ def qk_int8_sv_f8_attn_sm90(launch, q_int8, k_int8, vt_fp8, q_scale, k_scale, v_
 
 
 @_op(SM90, "(Tensor q, Tensor k, Tensor v, bool is_causal, float sm_scale, float scale_mul, int d_pad, "
-     "bool smooth_k, bool return_lse, bool out_nhd, Tensor? kv_len=None, Tensor? key_order=None) "
-     "-> (Tensor, Tensor)", lse_output=True)  # fmt: skip
+     "bool smooth_k, bool return_lse, bool out_nhd, Tensor? key_mask=None) -> (Tensor, Tensor)",
+     lse_output=True)  # fmt: skip
 def attn_sm90(launch, q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, return_lse, out_nhd,
-              kv_len=None, key_order=None):  # fmt: skip
+              key_mask=None):  # fmt: skip
     if q.dim() != 4 or k.dim() != 4:
         _need_dims("attn_sm90", q=(q, 4), k=(k, 4))
     if launch is None:
@@ -282,17 +282,15 @@ def attn_sm90(launch, q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, 
     # whose host time short sequences feel (bench/host_native.py).
     key = (q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
            v.shape, v.stride(), v.dtype, v.get_device(), is_causal, sm_scale, scale_mul, d_pad, smooth_k,
-           return_lse, out_nhd, kv_len is not None, key_order is not None)  # fmt: skip
+           return_lse, out_nhd, key_mask is not None and (key_mask.shape, key_mask.stride()))  # fmt: skip
     call = _attn_plans.get(key)
     if call is None:
         call = Sm90Call(launch, q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, return_lse, out_nhd,
-                        key_lengths=kv_len is not None, key_order=key_order is not None)  # fmt: skip
+                        key_mask=key_mask)  # fmt: skip
         if len(_attn_plans) >= _MAX_PLANS:
             _attn_plans.clear()
         _attn_plans[key] = call
-    if kv_len is None:
-        return call(q, k, v)
-    return call(q, k, v, kv_len) if key_order is None else call(q, k, v, kv_len, key_order)
+    return call(q, k, v) if key_mask is None else call(q, k, v, key_mask)
 
 
 class Sm90Call:
@@ -303,14 +301,14 @@ class Sm90Call:
     signature, as HND views or, with ``nhd_view``, as the [B, N, H, D] tensors whose transposes those
     views are (the data pointers are the same), and returns (out, lse): out a [B, Hq, Nq, D] view, or
     [B, Nq, Hq, D] with ``nhd_view``, over memory ordered [B, Nq, Hq, D] when ``out_nhd`` (otherwise
-    [B, Hq, Nq, D]); lse [B, Hq, Nq] float32, or None without ``return_lse``. With ``key_lengths`` a call
-    takes a fourth tensor, kv_len (int32 [B]: the keys each batch entry attends to, the first ones), and
-    with ``key_order`` a fifth, key_order (int32 [B, Nk]: the input row of each key)."""
+    [B, Hq, Nq, D]); lse [B, Hq, Nq] float32, or None without ``return_lse``. Made with ``key_mask`` (a
+    uint8 [B, Nk] view, ``cuda_sm90.key_rows``), a call takes a fourth tensor, that view or the mask it
+    views, of the same signature (only its data pointer is read)."""
 
     __slots__ = ("device", "dtype", "lse_shape", "out_shape", "out_strides", "plan", "return_lse", "size")
 
     def __init__(self, launch, q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, return_lse, out_nhd,
-                 nhd_view=False, key_lengths=False, key_order=False):  # fmt: skip
+                 nhd_view=False, key_mask=None):  # fmt: skip
         device = q.get_device()
         if device < 0:
             raise RuntimeError(f"sageattention::attn_sm90: q must be a CUDA tensor, got one on {q.device}")
@@ -319,9 +317,7 @@ class Sm90Call:
         out, lse = _attn_outputs(q, b, hq, nq, d, q.dtype, out_nhd, return_lse)
         self.size = _workspace(launch, "sage_attn_sm90_workspace_bytes", b, hq, hkv, nq, nk, d, d_pad,
                                smooth_k, return_lse and smooth_k, is_causal, device)  # fmt: skip
-        kv_len = q.new_empty((b,), dtype=torch.int32) if key_lengths else None
-        order = q.new_empty((b, nk), dtype=torch.int32) if key_order else None
-        tensors = (q, k, v, out, lse, _scratch(q, self.size), kv_len, order)
+        tensors = (q, k, v, out, lse, _scratch(q, self.size), key_mask)
         self.plan = _native.Plan(launch, "attn_sm90", tensors, (is_causal, d_pad, smooth_k, return_lse),
                                  (sm_scale, scale_mul))  # fmt: skip
         self.device, self.dtype, self.return_lse, self.lse_shape = device, q.dtype, return_lse, (b, hq, nq)
@@ -330,7 +326,7 @@ class Sm90Call:
             shape, strides = (shape[0], shape[2], shape[1], shape[3]), (strides[0], strides[2], strides[1], 1)
         self.out_shape, self.out_strides = tuple(shape), tuple(strides)
 
-    def __call__(self, q, k, v, *keys):  # keys: kv_len and key_order, as the plan was made for
+    def __call__(self, q, k, v, *keys):  # keys: the key mask, where the plan was made with one
         out = q.new_empty_strided(self.out_shape, self.out_strides, dtype=self.dtype)
         workspace = q.new_empty_strided((self.size,), (1,), dtype=torch.uint8)
         if self.return_lse:
@@ -342,13 +338,14 @@ class Sm90Call:
         return out, None
 
 
-def sm90_call(q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, return_lse, out_nhd, nhd_view):
+def sm90_call(q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, return_lse, out_nhd, nhd_view,
+              key_mask=None):  # fmt: skip
     """An ``Sm90Call`` for eager calls of this signature, or None where ``_qattn_sm90`` is not loaded."""
     if not register(SM90):
         return None
     launch = _native.load(SM90)[0]
     return Sm90Call(launch, q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, return_lse, out_nhd,
-                    nhd_view)  # fmt: skip
+                    nhd_view, key_mask)  # fmt: skip
 
 
 #: attn_sm90's calls by signature; cleared when full (a model calls a few shapes, a sweep many).

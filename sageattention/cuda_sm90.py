@@ -48,56 +48,32 @@ def attention_sm90(q, k, v, *, is_causal: bool, sm_scale: float, smooth_k: bool,
     float16/bfloat16 tensors, D <= 128 and a multiple of 8, Hq a multiple of Hkv.
 
     ``key_mask``: None, or a key-padding mask (a bool mask broadcastable to [B, Hq, Nq, Nk] whose head
-    and query dims have size 1 or stride 0, ``_checks.mask_kind``), not with ``is_causal``: the fused
-    quantization reads each batch entry's kept keys first (``key_order``; K and V gathered so instead,
-    ``compact_keys``, where they are not 16-byte aligned) and the kernel attends to as many keys as
-    each batch entry keeps.
+    and query dims have size 1 or stride 0, ``_checks.mask_kind``), not with ``is_causal``: the op puts
+    each batch entry's kept keys first (a kernel of its own, before the fused quantization, which then
+    reads K and V in that order) and the kernel attends to as many keys as each batch entry keeps.
 
     Returns (out, lse): out [B, Hq, Nq, D] in q's dtype, stored like q; lse [B, Hq, Nq] float32
     (natural log, including the smooth-K correction) or None. ``check=False`` skips the input checks
     (cuda_common.check_qkv) for a caller that has made them already (sageattention's entry points).
     """
     cuda_common.start_call("sm90", q, k, v, check=check)
-    kv_len = order = None
+    keys = None
     if key_mask is not None:
         if is_causal:
             raise ValueError("attention_sm90: a key-padding mask cannot be combined with is_causal")
-        if _vec_aligned(k) and _vec_aligned(v):  # the quantization reads K and V in the key order
-            order, kv_len = key_order(key_mask, k.shape[0], k.shape[2])
-            order = order.to(torch.int32)
-        else:  # a gathered copy of K and V, the kept keys first
-            k, v, kv_len = compact_keys(k, v, key_mask)
-    # The LSE correction (return_lse and smooth_k), K's scales per KEY_BLOCK keys and Vᵀ's key padding
-    # (a multiple of 16) are the op's own (csrc/bindings.cpp, attn_sm90).
+        keys = key_rows(key_mask, k.shape[0], k.shape[2])
+    # The LSE correction (return_lse and smooth_k), K's scales per KEY_BLOCK keys, Vᵀ's key padding (a
+    # multiple of 16) and the key order are the op's own (csrc/bindings.cpp, attn_sm90).
     out, lse = cuda_ops.call("attn_sm90", q, k, v, is_causal, sm_scale, *_op_args(q, sm_scale), smooth_k,
-                             return_lse, q.stride(1) < q.stride(2), kv_len, order)  # fmt: skip
+                             return_lse, q.stride(1) < q.stride(2), keys)  # fmt: skip
     return out, (lse if return_lse else None)
 
 
-def _vec_aligned(x) -> bool:
-    """Whether the fused quantization reads x in 16-byte words (csrc/fused/quant_qkv.cu, vec_aligned): a
-    16-byte aligned base and strides of multiples of 8 elements (dims of size 1 aside)."""
-    return x.data_ptr() % 16 == 0 and all(s % 8 == 0 or n == 1 for s, n in zip(x.stride()[:3], x.shape[:3]))
-
-
-def key_order(key_mask, batch: int, nk: int):
-    """(order, kv_len): each batch entry's keys, the kept ones first in their order (int64 [B, Nk]), and
-    how many it keeps (int32 [B]): attention over keys order[b, :kv_len[b]] is attention under the mask.
-    key_mask: bool, broadcastable to [B, H, Nq, Nk], size 1 or stride 0 in its head and query dims. No
-    value is read on the host: the call stays asynchronous and capturable."""
+def key_rows(key_mask, batch: int, nk: int):
+    """A key-padding mask (``attention_sm90``) as the op takes it: a uint8 view [B, Nk] of its memory,
+    nonzero where batch entry b keeps key t (no copy: broadcast dims keep a stride of 0)."""
     keep = key_mask.reshape((1,) * (4 - key_mask.dim()) + tuple(key_mask.shape))[:, 0, 0, :]
-    keep = keep.expand(batch, nk)
-    kv_len = keep.sum(dim=-1, dtype=torch.int32)
-    return torch.argsort(keep.logical_not().to(torch.uint8), dim=-1, stable=True), kv_len
-
-
-def compact_keys(k, v, key_mask):
-    """(k, v, kv_len) with each batch entry's kept keys first (``key_order``), gathered: what the kernel
-    attends to. k, v: HND views [B, Hkv, Nk, D]."""
-    b, hkv, nk, d = k.shape
-    order, kv_len = key_order(key_mask, b, nk)
-    index = order.view(b, 1, nk, 1).expand(b, hkv, nk, d)
-    return k.gather(2, index), v.gather(2, index), kv_len
+    return keep.expand(batch, nk).view(torch.uint8)
 
 
 def _op_args(q, sm_scale: float) -> tuple:
@@ -105,14 +81,21 @@ def _op_args(q, sm_scale: float) -> tuple:
     return sm_scale * LOG2E / INT8_MAX, cuda_common.d_pad(q.shape[-1])
 
 
-def call_plan(q, k, v, *, nhd: bool, is_causal: bool, sm_scale: float, smooth_k: bool, return_lse: bool):
-    """What ``attention_sm90(q, k, v, ...)`` computes, for later eager calls of the same signature
-    (dispatch.call_plan): a ``cuda_ops.Sm90Call`` that takes the caller's tensors (the [B, N, H, D] ones
-    whose transposes q, k and v are, with ``nhd``) and gives the output in their layout; None where the
-    module is not loaded. NHD memory in, NHD memory out, as ``attention_sm90``."""
+def call_plan(q, k, v, *, nhd: bool, is_causal: bool, sm_scale: float, smooth_k: bool, return_lse: bool,
+              key_mask=None):  # fmt: skip
+    """What ``attention_sm90(q, k, v, ..., key_mask=key_mask)`` computes, for later eager calls of the
+    same signature (dispatch.call_plan): a ``cuda_ops.Sm90Call`` that takes the caller's tensors (the
+    [B, N, H, D] ones whose transposes q, k and v are, with ``nhd``; then, with ``key_mask``, a mask of
+    its signature, whose memory key_rows views in place) and gives the output in their layout; None where
+    the module is not loaded. NHD memory in, NHD memory out, as ``attention_sm90``."""
     scale_mul, d_pad = _op_args(q, sm_scale)
+    keys = None
+    if key_mask is not None:
+        if is_causal:
+            return None
+        keys = key_rows(key_mask, k.shape[0], k.shape[2])
     return cuda_ops.sm90_call(q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, return_lse,
-                              q.stride(1) < q.stride(2), nhd)  # fmt: skip
+                              q.stride(1) < q.stride(2), nhd, keys)  # fmt: skip
 
 
 #: The 8-key column tiles of a block (bit c: keys 8c..8c+7) whose 448 P the head-dim-128 kernel computes

@@ -87,9 +87,16 @@ struct QuantQkvArgs {
   float* v_scale;
   float* k_mean;
   // [B, Nk] int32 or null: token t of batch entry b's K and V is their input row key_order[b * nk + t]
-  // (a key-padding mask's kept keys first, sageattention/cuda_sm90.py; the statistics, a mean and a
-  // maximum over all rows, do not depend on it). Only in the sm90 module, with 16-byte aligned inputs.
-  const int* key_order;
+  // (a key-padding mask's kept keys first; the statistics, a mean and a maximum over all rows, do not
+  // depend on it). Only in the sm90 module.
+  int* key_order;
+  // A key-padding mask or null: key_mask[b * key_mask_sb + t * key_mask_sn] nonzero keeps key t of batch
+  // entry b (uint8, any strides). With it the launch first writes key_order itself, each batch entry's
+  // kept keys first, then the others, each in input order, and kv_len [B] int32, the kept counts
+  // (launch_key_order).
+  const uint8_t* key_mask;
+  int64_t key_mask_sb, key_mask_sn;
+  int* kv_len;
   float* workspace;
   // Nonzero: the launch's first CTAs clear V's maxima and the counters, and each marks its share done
   // with this value in the workspace (the items that use them wait for the marks, or for counts made

@@ -143,21 +143,6 @@ __device__ __forceinline__ uint2 int8x8(const float (&x)[kVec], float inv) {
   return make_uint2(w[0], w[1]);
 }
 
-// Per-token INT8 of one token whose channels lie kLanes threads apart in a warp (lanes of one token
-// consecutive, kLanes a power of two), kVec of them packed in raw: returns this thread's INT8 values
-// (int8x8) and sets amax to the token's max |x| (amax8, then amax2 across the lanes: NaN kept), the
-// same in each of its lanes. (bench/stream_probe.cu's quantizing arithmetic; the fused kernels' Q
-// tiles hold 32 channels a thread, see quant_q_tile.)
-template <typename T, int kLanes>
-__device__ __forceinline__ uint2 quant_token_int8(uint4 raw, float& amax) {
-  amax = amax8<T>(raw);
-#pragma unroll
-  for (int o = kLanes / 2; o > 0; o >>= 1) amax = amax2(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  float x[kVec];
-  unpack8<T>(raw, x);
-  return int8x8(x, inv_scale(kInt8Max, amax));
-}
-
 // One term of the smooth-K correction q . k_mean: a fused multiply-add, columns in order.
 __device__ __forceinline__ float dot_step(float acc, float x, float km) { return fmaf(x, km, acc); }
 

@@ -888,6 +888,53 @@ cudaError_t launch(const QuantQkvArgs& a, cudaStream_t stream) {
   return launch_items<T, D_PAD, kAligned, kOrder>(a, g, items - stats_items, false, stream);
 }
 
+#ifdef SAGEATTN_FAMILY_SM90
+constexpr int kKeyOrderThreads = 1024;
+
+// Batch entry blockIdx.x's key order under a key-padding mask (QuantQkvArgs::key_mask): key_order[b, i]
+// the input row of its i-th key, the kept keys first, then the others, each in input order (a stable
+// partition), and kv_len[b] the kept count. Two passes over the mask in chunks of kKeyOrderThreads keys,
+// one key a thread: the count, then each key's place, its warp's kept keys before it (a ballot) plus
+// the warps' before it (their counts scanned in shared memory). Launched as a programmatic dependent of
+// the kernel before it (which may have written the mask), and waits for it first.
+__global__ void __launch_bounds__(kKeyOrderThreads)
+    key_order_kernel(const uint8_t* mask, int64_t sb, int64_t sn, int nk, int* order, int* kv_len) {
+  __shared__ int warp_before[kKeyOrderThreads / 32];
+  grid_dependency_wait();
+  const int b = static_cast<int>(blockIdx.x), lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const uint8_t* row = mask + b * sb;
+  int* out = order + static_cast<int64_t>(b) * nk;
+  int kept = 0;
+  for (int c = 0; c < nk; c += kKeyOrderThreads) {
+    const int t = c + static_cast<int>(threadIdx.x);
+    kept += __syncthreads_count(t < nk && row[t * sn] != 0);
+  }
+  int before = 0;  // kept keys before this chunk
+  for (int c = 0; c < nk; c += kKeyOrderThreads) {
+    const int t = c + static_cast<int>(threadIdx.x);
+    const bool keep = t < nk && row[t * sn] != 0;
+    const unsigned ballot = __ballot_sync(0xffffffffu, keep);
+    if (lane == 0) warp_before[warp] = __popc(ballot);
+    __syncthreads();
+    if (warp == 0) {  // exclusive scan of the warps' counts
+      const int n = warp_before[lane];
+      int incl = n;
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const int x = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += x;
+      }
+      warp_before[lane] = incl - n;
+    }
+    __syncthreads();
+    const int kept_before = before + warp_before[warp] + __popc(ballot & ((1u << lane) - 1u));
+    if (t < nk) out[keep ? kept_before : kept + (t - kept_before)] = t;
+    before += __syncthreads_count(keep);
+  }
+  if (threadIdx.x == 0) kv_len[b] = kept;
+}
+#endif
+
 template <typename T, int D_PAD>
 cudaError_t launch_aligned(const QuantQkvArgs& a, cudaStream_t stream) {
   const bool aligned = vec_aligned(a.q, a.q_strides, a.batch, a.heads_q, a.nq) &&
@@ -895,7 +942,14 @@ cudaError_t launch_aligned(const QuantQkvArgs& a, cudaStream_t stream) {
                        vec_aligned(a.v, a.v_strides, a.batch, a.heads_kv, a.nk);
   if (a.key_order != nullptr) {
 #ifdef SAGEATTN_FAMILY_SM90  // attn_sm90 alone passes a key order: the kernels that read it are its module's
-    return aligned ? launch<T, D_PAD, true, true>(a, stream) : cudaErrorInvalidValue;
+    if (a.key_mask != nullptr) {
+      if (a.kv_len == nullptr) return cudaErrorInvalidValue;
+      const cudaError_t err = launch_kernel(key_order_kernel, dim3(static_cast<unsigned>(a.batch)),
+                                            dim3(kKeyOrderThreads), 0, stream, true, a.key_mask, a.key_mask_sb,
+                                            a.key_mask_sn, a.nk, a.key_order, a.kv_len);
+      if (err != cudaSuccess) return err;
+    }
+    return aligned ? launch<T, D_PAD, true, true>(a, stream) : launch<T, D_PAD, false, true>(a, stream);
 #else
     return cudaErrorInvalidValue;
 #endif

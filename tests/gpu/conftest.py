@@ -83,6 +83,17 @@ def kernels_on_gpu(fn) -> list[str]:
     return [ev.name for ev in sorted(events, key=lambda ev: ev.time_range.start)]
 
 
+def compact_keys(k, v, key_mask):
+    """(k, v, kv_len): k and v [B, Hkv, Nk, D] with each batch entry's kept keys first, in order, under a
+    key-padding mask (bool, broadcastable to [B, H, Nq, Nk] with one row of keys per batch entry), and the
+    kept counts: what the sm_90a kernel attends to."""
+    b, hkv, nk, d = k.shape
+    keep = key_mask.reshape((1,) * (4 - key_mask.dim()) + tuple(key_mask.shape))[:, 0, 0, :].expand(b, nk)
+    order = torch.argsort(keep.logical_not().to(torch.uint8), dim=-1, stable=True)
+    index = order.view(b, 1, nk, 1).expand(b, hkv, nk, d)
+    return k.gather(2, index), v.gather(2, index), keep.sum(dim=-1)
+
+
 def _nan_as_inf(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(x), math.inf, x)
 
@@ -167,13 +178,14 @@ def check_lse(lse, ref_lse, atol, what="lse", rtol=0.0):
 @pytest.fixture(scope="session")
 def mma():
     """Namespace of the helpers above: make, protocol_inputs, poison_allocator, fill_freed_blocks,
-    kernels_on_gpu, where_it_differs, check_tight, check_exact, check_lse."""
+    kernels_on_gpu, compact_keys, where_it_differs, check_tight, check_exact, check_lse."""
     return types.SimpleNamespace(
         make=make,
         protocol_inputs=protocol_inputs,
         poison_allocator=poison_allocator,
         fill_freed_blocks=fill_freed_blocks,
         kernels_on_gpu=kernels_on_gpu,
+        compact_keys=compact_keys,
         where_it_differs=where_it_differs,
         check_tight=check_tight,
         check_exact=check_exact,

@@ -1,11 +1,13 @@
 """Key-padding masks on the sm_90a kernel: bool masks with one row of keys per batch entry, broadcast over
 the heads and the queries ([B, 1, 1, Nk], [1, Nk], [Nk] as [1, 1, Nk], expanded views), without
-is_causal. sageattn routes them to the kernel, which attends to the first kv_len[b] keys of K and V with
-each batch entry's kept keys moved to the front (cuda_sm90.compact_keys).
+is_causal. sageattn routes them to the kernel: the op puts each batch entry's kept keys first (its
+key_order_kernel, csrc/fused/quant_qkv.cu), the fused quantization reads K and V in that order (16-byte
+loads or, for K and V off 16-byte alignment, 2-byte ones), and the attention attends to the first
+kv_len[b] of them.
 
-K and V 16-byte aligned (the common case), the fused quantization reads them in that order
-(``cuda_sm90.key_order``); otherwise they are gathered first (``compact_keys``). Checked, on awkward
-lengths, GQA, both layouts, both paths and batch entries that keep no key at all:
+Checked, on awkward lengths (more keys than the key-order kernel's 1024-key chunk among them), GQA,
+both layouts, aligned and unaligned K and V, and batch entries that keep no key at all:
+* the launches: the key order, the quantization and the attention, no sort or gather of torch's;
 * against sage_ref on the compacted inputs with the prefix mask, with the kernel's quantization: the
   tight bound of the sm_90a kernel (the same computation up to float32 rounding);
 * against float64 attention_ref with the mask: the FP8 bound of unmasked calls (conftest EXACT_BOUNDS);
@@ -74,7 +76,7 @@ def _unaligned(x):
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
-@pytest.mark.parametrize("aligned", [True, False], ids=["key-order", "gathered"])
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
 def test_key_padding_on_the_sm90_kernel(metrics, mma, case, layout, aligned):
     b, hq, hkv, nq, nk, d, kind, form = case
     q = mma.make(b, hq, nq, d, layout, torch.bfloat16, 0)
@@ -82,7 +84,7 @@ def test_key_padding_on_the_sm90_kernel(metrics, mma, case, layout, aligned):
     v = mma.make(b, hkv, nk, d, layout, torch.bfloat16, 2)
     if not aligned:
         k, v = _unaligned(k), _unaligned(v)
-    assert cuda_sm90._vec_aligned(k) == aligned
+    assert (k.data_ptr() % 16 == 0) == aligned
     keep = _keep(b, nk, 3, kind)
     if form in ("1n", "1nn"):  # one row of keys for every batch entry
         keep = keep[:1].expand(b, nk)
@@ -94,8 +96,8 @@ def test_key_padding_on_the_sm90_kernel(metrics, mma, case, layout, aligned):
         out = out.transpose(1, 2)
     names = mma.kernels_on_gpu(lambda: sa.sageattn(*caller, tensor_layout=layout, attn_mask=mask))
     assert any(SM90 in n for n in names), names
-    gathers = [n for n in names if "gather" in n]
-    assert bool(gathers) != aligned, names  # the key order in the quantization, or a gathered copy
+    assert any("key_order_kernel" in n for n in names), names
+    assert not [n for n in names if "sort" in n.lower() or "gather" in n], names
     full = keep.expand(b, nk).view(b, 1, 1, nk)
     ref, ref_lse = attention_ref(q, k, v, attn_mask=full, return_lse=True)
     dead = ~full.any(dim=-1)  # [B, 1, 1]: batch entries that keep no key
@@ -106,7 +108,7 @@ def test_key_padding_on_the_sm90_kernel(metrics, mma, case, layout, aligned):
     live = ~dead.expand_as(lse)
     mma.check_lse(lse[live], ref_lse[live], LSE_ATOL)
     # The kernel's own computation: sage_ref on the compacted K and V with the prefix mask of their lengths.
-    kc, vc, kv_len = cuda_sm90.compact_keys(k, v, mask)
+    kc, vc, kv_len = mma.compact_keys(k, v, mask)
     prefix = (torch.arange(nk, device="cuda") < kv_len.view(b, 1).long()).view(b, 1, 1, nk)
     if d % 8 == 0:
         options = {"pv": PVDtype.FP8, "block_m": 1, "block_n": 128, "rowsum": "rounded",
@@ -115,12 +117,16 @@ def test_key_padding_on_the_sm90_kernel(metrics, mma, case, layout, aligned):
         mma.check_tight(metrics, out, tight, PVDtype.FP8)
 
 
-def test_compaction_keeps_the_order_of_the_kept_keys():
-    k = torch.arange(2 * 1 * 6 * 8, device="cuda", dtype=torch.float32).view(2, 1, 6, 8)
-    keep = torch.tensor([[True, False, True, False, False, True], [False] * 6], device="cuda")
-    kc, vc, kv_len = cuda_sm90.compact_keys(k, k, keep.view(2, 1, 1, 6))
-    assert kv_len.tolist() == [3, 0] and kv_len.dtype == torch.int32
-    assert torch.equal(kc[0, 0, :3], k[0, 0, [0, 2, 5]]) and torch.equal(vc, kc)
+def test_key_rows_is_a_view():
+    keep = torch.tensor([[True, False, True], [False] * 3], device="cuda")
+    rows = cuda_sm90.key_rows(keep.view(2, 1, 1, 3), 2, 3)
+    assert (
+        rows.dtype == torch.uint8
+        and rows.data_ptr() == keep.data_ptr()
+        and rows.tolist() == [[1, 0, 1], [0] * 3]
+    )
+    broadcast = cuda_sm90.key_rows(keep[:1].view(1, 3), 2, 3)
+    assert broadcast.stride() == (0, 1) and broadcast.shape == (2, 3)
 
 
 @pytest.mark.parametrize(
