@@ -105,14 +105,19 @@ def _without_work(q, k, v, nhd: bool, return_lse: bool):
     return out, lse
 
 
-def call_key(q, k, v, tensor_layout, is_causal, sm_scale, return_lse):
-    """The signature of a call without options, as dispatch.call_plan keys it: everything the checks,
-    the choice of a backend and the packed kernel arguments depend on. None for inputs that are not plain
-    tensors (subclasses go the whole way every time)."""
+def call_key(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, attn_mask=None):
+    """The signature of a call without options but the mask, as dispatch.call_plan keys it: everything the
+    checks, the choice of a backend and the packed kernel arguments depend on. None for inputs that are not
+    plain tensors (subclasses go the whole way every time)."""
     if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
         return None
+    mask = None
+    if attn_mask is not None:
+        if type(attn_mask) is not torch.Tensor:
+            return None
+        mask = (attn_mask.shape, attn_mask.stride(), attn_mask.dtype, attn_mask.device)
     return (q.shape, q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape,
-            v.stride(), v.dtype, v.device, tensor_layout, is_causal, sm_scale, return_lse)  # fmt: skip
+            v.stride(), v.dtype, v.device, tensor_layout, is_causal, sm_scale, return_lse, mask)  # fmt: skip
 
 
 def _attention(caller, forced, q, k, v, tensor_layout, is_causal, sm_scale, return_lse, kwargs, explicit,
@@ -123,11 +128,13 @@ def _attention(caller, forced, q, k, v, tensor_layout, is_causal, sm_scale, retu
     (dispatch.call_plan), which the first call made: the same kernels on the same arguments, without
     the checks and the layers in between. Calls that need a gradient never do."""
     key = None
-    if not kwargs and not explicit and forced is None and not torch.compiler.is_compiling():
-        key = call_key(q, k, v, tensor_layout, is_causal, sm_scale, return_lse)
+    plain = not kwargs or (len(kwargs) == 1 and "attn_mask" in kwargs)  # no option but the mask
+    if plain and not explicit and forced is None and not torch.compiler.is_compiling():
+        attn_mask = kwargs.get("attn_mask")
+        key = call_key(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, attn_mask)
         plan = dispatch.call_plan(key) if key is not None else None
-        if plan and not autograd.needs_grad(q, k, v):
-            out, lse = plan(q, k, v)
+        if plan and not autograd.needs_grad(q, k, v, attn_mask):
+            out, lse = plan(q, k, v) if attn_mask is None else plan(q, k, v, attn_mask)
             return (out, lse) if return_lse else out
         if plan is False:  # seen before, no plan: nothing to remember
             key = None
@@ -163,7 +170,7 @@ def _attention(caller, forced, q, k, v, tensor_layout, is_causal, sm_scale, retu
             smooth_k=opts["smooth_k"], pv=backend.pv, options=opts,
         )  # fmt: skip
         if key is not None:  # served once: the plan of later calls like it
-            dispatch.remember_plan(key, backend, q, k, v, nhd=layout == "NHD", is_causal=is_causal,
+            dispatch.remember_plan(key, backend, q, k, v, mask, nhd=layout == "NHD", is_causal=is_causal,
                                    sm_scale=sm_scale, smooth_k=opts["smooth_k"],
                                    return_lse=return_lse)  # fmt: skip
     if layout == "NHD":

@@ -63,8 +63,9 @@ class Backend:
     exact_capability: Capability = None  # kernels for one arch only (sm90's wgmma)
     masks: int = NO_MASK  # the masks it takes: none, key-padding masks (_checks.mask_kind) or any
     compiled: bool = False  # a compiled extension (its absence reads "not built")
-    #: (q, k, v, *, nhd, is_causal, sm_scale, smooth_k, return_lse) -> a function of (q, k, v) that
-    #: serves later calls of that signature, or None (see call_plan); None: the backend has none
+    #: (q, k, v, *, nhd, is_causal, sm_scale, smooth_k, return_lse, key_mask) -> a function of (q, k, v)
+    #: (and the mask, where key_mask is not None) that serves later calls of that signature, or None (see
+    #: call_plan); None: the backend has none
     plan: Callable | None = None
     #: why the installed build holds no code for a GPU of this capability (None: it does)
     no_image: Callable[[tuple], str | None] = lambda capability: None
@@ -315,8 +316,8 @@ def select(
 # Call plans: eager calls of a signature seen before skip the checks, the decision and the layers
 
 
-#: Plans by call signature (core.call_key): a function of (q, k, v) giving (out, lse), or False where
-#: the backend has none. Cleared when full.
+#: Plans by call signature (core.call_key): a function of (q, k, v), and of the mask for a masked
+#: signature, giving (out, lse), or False where the backend has none. Cleared when full.
 _plans: dict = {}
 _MAX_PLANS = 256
 
@@ -326,12 +327,15 @@ def call_plan(key):
     return _plans.get(key)
 
 
-def remember_plan(key, backend: Backend, q, k, v, **args) -> None:
+def remember_plan(key, backend: Backend, q, k, v, key_mask=None, **args) -> None:
     """Make and keep the plan of the call just served by ``backend`` with these HND views (``args``:
-    nhd, is_causal, sm_scale, smooth_k and return_lse, checked): False where the backend has none."""
+    nhd, is_causal, sm_scale, smooth_k and return_lse, checked; ``key_mask``: the call's mask, checked,
+    or None): False where the backend has none, or none for a mask of this kind."""
     if len(_plans) >= _MAX_PLANS:
         _plans.clear()
-    plan = backend.plan(q, k, v, **args) if backend.plan is not None else None
+    plan = None
+    if backend.plan is not None and (key_mask is None or backend.masks != NO_MASK):
+        plan = backend.plan(q, k, v, key_mask=key_mask, **args)
     _plans[key] = plan or False
 
 

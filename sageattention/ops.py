@@ -134,14 +134,15 @@ _LAUNCHERS = {"sm80": (cuda_sm80, "attention_sm80"), "sm89": (cuda_sm89, "attent
               "sm90": (cuda_sm90, "attention_sm90")}  # fmt: skip
 
 
-def cuda_call_plan(q, k, v, *, arch, nhd, is_causal, sm_scale, smooth_k, return_lse):
-    """A function of (q, k, v) that computes what ``cuda_attention`` computes for inputs of this signature,
-    in the caller's layout, for dispatch.call_plan; None where the arch family has none (only sm90 has:
-    one op, whose arguments pack once) or its kernels do not take the head dim."""
+def cuda_call_plan(q, k, v, *, arch, nhd, is_causal, sm_scale, smooth_k, return_lse, key_mask=None):
+    """A function of (q, k, v) (and the key mask, with ``key_mask``: a key-padding mask of the signature)
+    that computes what ``cuda_attention`` computes for inputs of this signature, in the caller's layout,
+    for dispatch.call_plan; None where the arch family has none (only sm90 has: one op, whose arguments
+    pack once) or its kernels do not take the head dim."""
     if arch != "sm90" or q.shape[-1] % 8:
         return None
     return cuda_sm90.call_plan(q, k, v, nhd=nhd, is_causal=is_causal, sm_scale=sm_scale, smooth_k=smooth_k,
-                               return_lse=return_lse)  # fmt: skip
+                               return_lse=return_lse, key_mask=key_mask)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------------

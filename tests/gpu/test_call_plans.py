@@ -1,7 +1,7 @@
 """The sm90 call plan (dispatch.call_plan, cuda_ops.Sm90Call) against the whole way: a second eager
 sageattn call of a signature runs the plan its first call made, and gives the same bits, in the same
 layout and strides, for both layouts, causal, GQA, the LSE and awkward lengths; on another stream and
-in a CUDA graph as well."""
+in a CUDA graph as well; and for key-padding masks, whose signatures have plans of their own."""
 
 from __future__ import annotations
 
@@ -78,3 +78,31 @@ def test_inputs_that_need_a_gradient_still_get_one(mma):
     qg = q.detach().clone().requires_grad_()
     sa.sageattn(qg, k, v).sum().backward()
     assert qg.grad is not None and qg.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("b,hq,hkv,n,d", [(2, 16, 16, 2048, 128), (3, 4, 2, 1000, 64), (2, 2, 1, 17, 72)])
+def test_planned_masked_call_gives_the_same_bits(mma, layout, b, hq, hkv, n, d):
+    """A key-padding mask's signature has a plan of its own: the same bits as the whole way, for the mask
+    of each call (new values through the same plan), and in a CUDA graph."""
+    q, k, v = _inputs(mma, b, hq, hkv, n, d, layout)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    keep = torch.rand(b, 1, 1, n, device="cuda", generator=gen) < 0.75
+    first = sa.sageattn(q, k, v, tensor_layout=layout, attn_mask=keep, return_lse=True)
+    key = core.call_key(q, k, v, layout, False, None, True, keep)
+    assert isinstance(dispatch.call_plan(key), cuda_ops.Sm90Call)
+    second = sa.sageattn(q, k, v, tensor_layout=layout, attn_mask=keep, return_lse=True)
+    for a, b_ in zip(first, second):
+        assert a.shape == b_.shape and a.stride() == b_.stride() and torch.equal(a, b_)
+    other = torch.rand(b, 1, 1, n, device="cuda", generator=gen) < 0.5
+    planned = sa.sageattn(q, k, v, tensor_layout=layout, attn_mask=other)
+    dispatch.reset()  # the whole way for the other mask
+    assert torch.equal(planned, sa.sageattn(q, k, v, tensor_layout=layout, attn_mask=other))
+    sa.sageattn(q, k, v, tensor_layout=layout, attn_mask=keep)  # planned again
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = sa.sageattn(q, k, v, tensor_layout=layout, attn_mask=keep)
+    keep.copy_(other)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, planned)

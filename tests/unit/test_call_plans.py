@@ -22,17 +22,21 @@ class _Recorder:
 
     def dense(self, q, k, v, *, attn_mask, is_causal, sm_scale, return_lse, smooth_k, pv, options):
         self.dense_calls += 1
-        out = attention_ref(q, k, v, is_causal=is_causal, sm_scale=sm_scale).to(q.dtype)
+        out = attention_ref(q, k, v, is_causal=is_causal, sm_scale=sm_scale, attn_mask=attn_mask).to(q.dtype)
         return out, (torch.zeros(q.shape[:3]) if return_lse else None)
 
-    def plan(self, q, k, v, *, nhd, is_causal, sm_scale, smooth_k, return_lse):
+    def plan(self, q, k, v, *, nhd, is_causal, sm_scale, smooth_k, return_lse, key_mask):
         made = {"nhd": nhd, "is_causal": is_causal, "sm_scale": sm_scale, "return_lse": return_lse}
+        if key_mask is not None:
+            made["mask"] = (tuple(key_mask.shape), key_mask.stride())
         self.plans_made.append(made)
 
-        def run(q, k, v):
+        def run(q, k, v, *mask):
+            assert len(mask) == (key_mask is not None), "a masked plan takes the mask, an unmasked one none"
             self.plan_calls += 1
             layout = "NHD" if nhd else "HND"
-            out = attention_ref(q, k, v, tensor_layout=layout, is_causal=is_causal, sm_scale=sm_scale)
+            out = attention_ref(q, k, v, tensor_layout=layout, is_causal=is_causal, sm_scale=sm_scale,
+                                attn_mask=mask[0] if mask else None)  # fmt: skip
             out = out.to(q.dtype)
             return out, (torch.zeros(out.shape[0], q.shape[2 if nhd else 1], q.shape[1 if nhd else 2])
                          if return_lse else None)  # fmt: skip
@@ -128,6 +132,36 @@ def test_calls_that_need_a_gradient_never_use_a_plan(recorder, monkeypatch):
     with torch.no_grad():  # the same tensors under no_grad need none: the plan runs
         sa.sageattn(qg, kg, vg)
     assert recorder.plan_calls == 1
+
+
+def test_masked_calls_have_plans_of_their_own(recorder):
+    """A call whose only option is attn_mask is planned by the mask's signature (shape, strides, dtype,
+    device); the plan takes the mask of each call, whose values may change."""
+    q, k, v = _qkv()
+    keep = torch.rand(1, 1, 1, 17) < 0.7
+    keep[..., 0] = True
+    sa.sageattn(q, k, v, attn_mask=keep)
+    assert recorder.plans_made == [{"nhd": False, "is_causal": False, "sm_scale": 1 / 32**0.5,
+                                    "return_lse": False, "mask": ((1, 1, 1, 17), keep.stride())}]  # fmt: skip
+    other = ~keep
+    other[..., 0] = True
+    out = sa.sageattn(q, k, v, attn_mask=other)  # the same signature, other values: the plan
+    assert (recorder.dense_calls, recorder.plan_calls) == (1, 1)
+    torch.testing.assert_close(out, attention_ref(q, k, v, attn_mask=other).to(q.dtype))
+    sa.sageattn(q, k, v)  # no mask: a signature of its own
+    sa.sageattn(q, k, v, attn_mask=keep.expand(1, 2, 17, 17))  # other strides: another one
+    sa.sageattn(q, k, v, attn_mask=None)  # attn_mask=None is the unmasked signature, planned above
+    assert (recorder.dense_calls, recorder.plan_calls) == (3, 2)
+
+
+def test_a_mask_that_needs_a_gradient_never_uses_a_plan(recorder, monkeypatch):
+    seen = []
+    monkeypatch.setattr(core.autograd, "dense", lambda *a, **kw: seen.append(1) or (a[1], None))
+    q, k, v = _qkv()
+    bias = torch.zeros(1, 1, 1, 17)
+    sa.sageattn(q, k, v, attn_mask=bias)  # planned
+    sa.sageattn(q, k, v, attn_mask=bias.requires_grad_())
+    assert seen == [1] and recorder.plan_calls == 0
 
 
 def test_tensor_subclasses_go_the_whole_way(recorder):
