@@ -409,6 +409,61 @@ def _dq_kernel(
              dq.to(DQ.dtype.element_ty), mask=qd_ok)  # fmt: skip
 
 
+@triton.jit
+def _center_kernel(
+    X, MEAN, LSE, OUT, s_xb, s_xh, s_xn, s_ob, s_oh, s_on, s_lb, s_lh, N, H, GROUP, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, D_PAD: tl.constexpr, SHIFT: tl.constexpr,
+):  # fmt: skip
+    """The inputs of torch's backward kernels with K centered (autograd._centered), one pass over X
+    [B, H, N, D] per call. MEAN [B, H // GROUP, D] float32, rounded to X's dtype as K minus it is.
+    SHIFT False (X is K): OUT = X - mean, in X's dtype. SHIFT True (X is Q): OUT [B, H, N] float32 =
+    LSE - sm_scale * x . mean of x's KV head, the LSE of the scores against centered K."""
+    pid, h, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows = pid * BLOCK + tl.arange(0, BLOCK)
+    row_ok = rows < N
+    cols_d = tl.arange(0, D_PAD)
+    d_ok = cols_d < HEAD_DIM
+    ok = row_ok[:, None] & d_ok[None, :]
+    b64, h64 = b.to(tl.int64), h.to(tl.int64)
+    x = tl.load(X + b64 * s_xb + h64 * s_xh + rows[:, None] * s_xn + cols_d[None, :], mask=ok, other=0.0)
+    mean = tl.load(MEAN + (b64 * (H // GROUP) + h64 // GROUP) * HEAD_DIM + cols_d, mask=d_ok, other=0.0)
+    mean = mean.to(X.dtype.element_ty).to(tl.float32)
+    if SHIFT:
+        lse = tl.load(LSE + b64 * s_lb + h64 * s_lh + rows, mask=row_ok, other=0.0)
+        shift = tl.sum(x.to(tl.float32) * mean[None, :], axis=1)
+        tl.store(OUT + (b64 * H + h64) * N + rows, lse - sm_scale * shift, mask=row_ok)
+    else:
+        out = (x.to(tl.float32) - mean[None, :]).to(OUT.dtype.element_ty)
+        tl.store(OUT + b64 * s_ob + h64 * s_oh + rows[:, None] * s_on + cols_d[None, :], out, mask=ok)
+
+
+#: Rows per program of _center_kernel.
+CENTER_BLOCK = 64
+
+
+def centered(q, k, lse, sm_scale):
+    """(K minus its mean over the keys, the LSE of the scores against it), for torch's backward kernels
+    (autograd._centered computes the same in torch ops): two launches of _center_kernel. q, k: HND
+    views [B, H, N, D] with a unit last stride; lse [B, Hq, Nq] float32 (its rows contiguous)."""
+    b, hq, nq, head_dim = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    d_pad = _d_pad(head_dim)
+    mean = k.mean(dim=2, dtype=torch.float32)
+    k_centered = torch.empty_like(k)
+    lse_centered = torch.empty((b, hq, nq), dtype=torch.float32, device=q.device)
+    lse = _unit_last(lse)
+    with _on_device(q):
+        _center_kernel[(triton.cdiv(nk, CENTER_BLOCK), hkv, b)](
+            k, mean, mean, k_centered, *k.stride()[:3], *k_centered.stride()[:3], 0, 0, nk, hkv, 1, sm_scale,
+            HEAD_DIM=head_dim, BLOCK=CENTER_BLOCK, D_PAD=d_pad, SHIFT=False,
+        )  # fmt: skip
+        _center_kernel[(triton.cdiv(nq, CENTER_BLOCK), hq, b)](
+            q, mean, lse, lse_centered, *q.stride()[:3], 0, 0, 0, lse.stride(0), lse.stride(1), nq, hq,
+            hq // hkv, sm_scale, HEAD_DIM=head_dim, BLOCK=CENTER_BLOCK, D_PAD=d_pad, SHIFT=True,
+        )  # fmt: skip
+    return k_centered, lse_centered
+
+
 # --------------------------------------------------------------------------------------------------
 # Launchers
 
@@ -550,4 +605,4 @@ def varlen_bwd(
     return tuple(x.transpose(1, 2).squeeze(0) for x in (dq, dk, dv))
 
 
-__all__ = ["attention_bwd", "varlen_bwd", "block_config", "CONFIG_OVERRIDES"]
+__all__ = ["attention_bwd", "varlen_bwd", "block_config", "centered", "CONFIG_OVERRIDES"]

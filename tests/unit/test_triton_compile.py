@@ -177,3 +177,16 @@ def test_backward_quant_kernel_compiles():
     fn = backward._quant_kernel
     compile_for(fn, 90, backward_types(fn, True), {"HEAD_DIM": 72, "BLOCK": 64, "D_PAD": 128, "CENTER": True,
                                                    "SHIFT": True})  # fmt: skip
+
+
+@pytest.mark.parametrize("shift", [False, True], ids=["k", "q"])
+def test_center_kernel_compiles(shift):
+    fn = backward._center_kernel
+    types = {
+        "X": "*bf16",
+        "MEAN": "*fp32",
+        "LSE": "*fp32",
+        "OUT": "*fp32" if shift else "*bf16",
+        "sm_scale": "fp32",
+    }
+    compile_for(fn, 90, types, {"HEAD_DIM": 128, "BLOCK": 64, "D_PAD": 128, "SHIFT": shift})

@@ -147,6 +147,17 @@ got = autograd._dense_backward(do, q, k, v, out.half(), lse.float(), None, None,
 for t, g, r in zip("qkv", got, ref):
     check(f"through the table d{t}", g, r)
 
+# K centered for torch's backward kernels (which take no GQA): the Triton pass against the torch ops
+# (autograd._centered on the CPU), K with a common part, the LSE as a strided view.
+q, k = randn(2, 4, 33, 40).half(), (randn(2, 4, 50, 40) + 3 * randn(40)).half()
+lse = randn(2, 33, 4).transpose(1, 2)
+want_k, want_lse = autograd._centered(q, k, lse, 0.3)
+got_k, got_lse = backward.centered(q, k, lse, 0.3)
+if not torch.equal(got_k, want_k) or got_k.stride() != k.stride():
+    failures.append("centered K differs from the torch ops'")
+if not torch.allclose(got_lse, want_lse, rtol=0, atol=1e-4):
+    failures.append(f"centered LSE differs from the torch ops' by {float((got_lse - want_lse).abs().max())}")
+
 if failures:
     print("FAILED:", *failures, sep="\n  ")
     sys.exit(1)
