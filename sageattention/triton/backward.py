@@ -87,11 +87,12 @@ def _qk(q, k, q_scale, k_scale, qk_scale, QUANT: tl.constexpr):
 
 
 @triton.jit
-def _scores(s, mask_ptr, rows, cols, row_ok, col_ok, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr):
-    """The scores s (log2 domain) masked: -inf where a key is not visible."""
-    visible = row_ok[:, None] & col_ok[None, :]
+def _scores(s, mask_ptr, query, key, visible, IS_CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr):
+    """The scores s (log2 domain) masked: -inf where a key is not visible. ``query``, ``key``: the
+    positions of s's rows and columns, broadcast to its shape ([M, 1] and [1, N], or [1, M] and [N, 1]
+    for the transposed scores of the dK/dV kernel); ``visible``: where both are in bounds."""
     if IS_CAUSAL:
-        visible = visible & (cols[None, :] <= rows[:, None])
+        visible = visible & (key <= query)
     if MASK_KIND == MASK_BOOL:
         visible = visible & (tl.load(mask_ptr, mask=visible, other=0) != 0)
     if MASK_KIND == MASK_ADD:
@@ -173,15 +174,14 @@ def _quant_kernel(
 
 
 @triton.jit
-def _quant_rows(ds, scale, AXIS: tl.constexpr):
-    """dS times the per-token scales of the operand it multiplies (folded in: the product sums over those
-    tokens, K's along dS's columns for dQ, Q's along its rows for dK), in INT8 with one scale per row
-    (AXIS 1, for dQ) or per column (AXIS 0, for dK): (int8, scales)."""
-    x = ds * (scale[None, :] if AXIS == 1 else scale[:, None])
-    amax = tl.max(tl.abs(x), axis=AXIS)
+def _quant_rows(ds, scale):
+    """dS (dQ's [M, N]) or dS^T (dK's [N, M]) times the per-token scales of the operand it multiplies,
+    along its columns (folded in: the product sums over those tokens), in INT8 with one scale per row:
+    (int8, the rows' scales)."""
+    x = ds * scale[None, :]
+    amax = tl.max(tl.abs(x), axis=1)
     inv = tl.where(amax > 0, INT8_MAX / amax, 0.0)
-    x8 = _round_int8(x * (inv[:, None] if AXIS == 1 else inv[None, :]))
-    return x8, amax / INT8_MAX
+    return _round_int8(x * inv[:, None]), amax / INT8_MAX
 
 
 @triton.jit
@@ -229,8 +229,8 @@ def _lse_kernel(
         )
         k_scale = tl.load(ks_base + cols, mask=col_ok, other=0.0) if QUANT else qk_scale
         mask_ptr = m_base + rows[:, None] * s_mm + cols[None, :] * s_mn
-        s = _scores(_qk(q, k, q_scale, k_scale, qk_scale, QUANT), mask_ptr, rows, cols, row_ok, col_ok,
-                    IS_CAUSAL, MASK_KIND)  # fmt: skip
+        s = _scores(_qk(q, k, q_scale, k_scale, qk_scale, QUANT), mask_ptr, rows[:, None], cols[None, :],
+                    row_ok[:, None] & col_ok[None, :], IS_CAUSAL, MASK_KIND)  # fmt: skip
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         l_i = l_i * tl.exp2(m_i - m_safe) + tl.sum(tl.exp2(s - m_safe[:, None]), axis=1)
@@ -298,20 +298,23 @@ def _dkdv_kernel(
             lse2 = tl.load(LSE2 + stat_base + rows, mask=row_ok, other=float("inf"))
             delta = tl.load(DELTA + stat_base + rows, mask=row_ok, other=0.0)
             q_scale = tl.load(QS + stat_base + rows, mask=row_ok, other=0.0) if QUANT else 1.0
-            mask_ptr = m_base + rows[:, None] * s_mm + cols[None, :] * s_mn
-            s = _scores(_qk(q, k, q_scale, k_scale, qk_scale, QUANT), mask_ptr, rows, cols, row_ok, col_ok,
-                        IS_CAUSAL, MASK_KIND)  # fmt: skip
-            p = tl.exp2(s - lse2[:, None])
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do)
-            dp = tl.dot(do, tl.trans(v))
-            ds = p * (dp - delta[:, None])
+            # Transposed: the keys are the rows of S^T, P^T and dS^T, so that P^T dO and dS^T Q take
+            # them from registers as they are, and dS^T's INT8 scale is one per row (per key).
+            mask_ptr = m_base + rows[None, :] * s_mm + cols[:, None] * s_mn
+            s_t = _qk(k, q, k_scale, q_scale, qk_scale, QUANT)
+            in_bounds = col_ok[:, None] & row_ok[None, :]
+            s_t = _scores(s_t, mask_ptr, rows[None, :], cols[:, None], in_bounds, IS_CAUSAL, MASK_KIND)
+            p_t = tl.exp2(s_t - lse2[None, :])
+            dv += tl.dot(p_t.to(do.dtype), do)
+            dp_t = tl.dot(v, tl.trans(do))
+            ds_t = p_t * (dp_t - delta[None, :])
             if QUANT:
                 qt = tl.load(qt_base + cols_d[:, None] * s_qtd + (q0 + rows)[None, :], mask=row_ok[None, :],
                              other=0)  # fmt: skip
-                ds8, ds_scale = _quant_rows(ds, q_scale, 0)
-                dk += tl.dot(tl.trans(ds8), tl.trans(qt)).to(tl.float32) * ds_scale[:, None]
+                ds8, ds_scale = _quant_rows(ds_t, q_scale)
+                dk += tl.dot(ds8, tl.trans(qt)).to(tl.float32) * ds_scale[:, None]
             else:
-                dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
+                dk += tl.dot(ds_t.to(q.dtype), q)
     dk *= sm_scale
     tl.store(DK + b64 * s_dkb + hk64 * s_dkh + (k0 + cols)[:, None] * s_dkn + cols_d[None, :],
              dk.to(DK.dtype.element_ty), mask=kv_ok)  # fmt: skip
@@ -382,15 +385,15 @@ def _dq_kernel(
         v = tl.load(v_base + (k0 + cols)[:, None] * s_vn + cols_d[None, :], mask=kv_ok, other=0.0)
         k_scale = tl.load(ks_base + cols, mask=col_ok, other=0.0) if QUANT else 1.0
         mask_ptr = m_base + rows[:, None] * s_mm + cols[None, :] * s_mn
-        s = _scores(_qk(q, k, q_scale, k_scale, qk_scale, QUANT), mask_ptr, rows, cols, row_ok, col_ok,
-                    IS_CAUSAL, MASK_KIND)  # fmt: skip
+        s = _scores(_qk(q, k, q_scale, k_scale, qk_scale, QUANT), mask_ptr, rows[:, None], cols[None, :],
+                    row_ok[:, None] & col_ok[None, :], IS_CAUSAL, MASK_KIND)  # fmt: skip
         p = tl.exp2(s - lse2[:, None])
         dp = tl.dot(do, tl.trans(v))
         ds = p * (dp - delta[:, None])
         if QUANT:
             kt = tl.load(kt_base + cols_d[:, None] * s_ktd + (k0 + cols)[None, :], mask=col_ok[None, :],
                          other=0)  # fmt: skip
-            ds8, ds_scale = _quant_rows(ds, k_scale, 1)
+            ds8, ds_scale = _quant_rows(ds, k_scale)
             dq += tl.dot(ds8, tl.trans(kt)).to(tl.float32) * ds_scale[:, None]
         else:
             dq += tl.dot(ds.to(k.dtype), k)
