@@ -35,6 +35,7 @@ KINDS = {
     "masks": "key-padding masks: TOPS and accuracy against torch SDPA and comfy-kitchen with the same mask "
     "(bench/masks.py)",
     "ncu": "Nsight Compute metrics of a kernel",
+    "pv-candidates": "P·V encodings for the sm90 kernel, simulated against float64 (bench/pv_candidates.py)",
 }
 NAME = re.compile(
     r"^(?P<stem>.+?)-(?:(?P<device>NVIDIA_[A-Za-z0-9_]+?)-)?(?P<date>\d{4}-\d{2}-\d{2})(?P<run>[a-z0-9]*)"
