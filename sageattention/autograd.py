@@ -22,8 +22,8 @@ on the host from metadata only:
 
     triton   sageattention/triton/backward.py: every case (masks, GQA, causal, varlen, dlse); CUDA sm80+
     int8     the same kernels quantized: Q and K in INT8 per token (K smoothed), S = Q K^T, dQ = dS K
-             and dK = dS^T Q in INT8 (dS in INT8 per row / per column, the other operand's scales
-             folded in), dO V^T and P^T dO in 16 bits; in no default order: chosen by
+             and dK = dS^T Q in INT8 (dS, and dS^T for dK, in INT8 per row, the other operand's
+             scales folded in), dO V^T and P^T dO in 16 bits; in no default order: chosen by
              set_backward_order("int8")
     flash    torch's FlashAttention-2 backward fed our O and LSE: no mask, no GQA, no dlse, head dim a
              multiple of 8 up to 256, causal only with q_len == kv_len (its causal alignment differs)

@@ -89,11 +89,7 @@ def call_plan(q, k, v, *, nhd: bool, is_causal: bool, sm_scale: float, smooth_k:
     its signature, whose memory key_rows views in place) and gives the output in their layout; None where
     the module is not loaded. NHD memory in, NHD memory out, as ``attention_sm90``."""
     scale_mul, d_pad = _op_args(q, sm_scale)
-    keys = None
-    if key_mask is not None:
-        if is_causal:
-            return None
-        keys = key_rows(key_mask, k.shape[0], k.shape[2])
+    keys = None if key_mask is None else key_rows(key_mask, k.shape[0], k.shape[2])
     return cuda_ops.sm90_call(q, k, v, is_causal, sm_scale, scale_mul, d_pad, smooth_k, return_lse,
                               q.stride(1) < q.stride(2), nhd, keys)  # fmt: skip
 

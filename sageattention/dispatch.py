@@ -330,12 +330,10 @@ def call_plan(key):
 def remember_plan(key, backend: Backend, q, k, v, key_mask=None, **args) -> None:
     """Make and keep the plan of the call just served by ``backend`` with these HND views (``args``:
     nhd, is_causal, sm_scale, smooth_k and return_lse, checked; ``key_mask``: the call's mask, checked,
-    or None): False where the backend has none, or none for a mask of this kind."""
+    of a kind the backend takes, or None): False where the backend has none."""
     if len(_plans) >= _MAX_PLANS:
         _plans.clear()
-    plan = None
-    if backend.plan is not None and (key_mask is None or backend.masks != NO_MASK):
-        plan = backend.plan(q, k, v, key_mask=key_mask, **args)
+    plan = backend.plan(q, k, v, key_mask=key_mask, **args) if backend.plan is not None else None
     _plans[key] = plan or False
 
 

@@ -16,7 +16,16 @@ and every query block, so dK and dV of grouped-query attention are summed in reg
 and ``_dq_kernel`` (one program per block of queries, walking the keys). Both recompute P; that costs
 one more Q·K product than an atomic-add dQ would, and keeps the result deterministic and free of an
 FP32 dQ buffer. Without a saved LSE (the packed-sequence forward returns none) ``_lse_kernel``
-computes it first, in the same precision as the rest.
+computes it first, in the same precision as the rest. The dK/dV kernel computes S, P and dS transposed
+(the keys as rows), so that P^T dO and dS^T Q take its register tiles as they are.
+
+``quant`` (the quantized backward): ``_quant_kernel`` first makes INT8 Q and K per token (K smoothed,
+the LSE shifted to match), each row-major and transposed so that every INT8 product's operands are
+K-major; the same kernels then compute S, dQ = dS K and dK = dS^T Q in INT8 (dS quantized per row in
+the tile, the other operand's per-token scales folded in), dP and dV in 16 bits.
+
+``centered`` is not part of this backward: it makes K minus its mean and the LSE to match for torch's
+flash and cuDNN backward kernels (``autograd._centered``), one pass over K and one over Q.
 
 Inputs are [B, H, N, D] views with a unit last stride (any other strides), or packed [1, H, T, D]
 views with ``cu_seqlens`` (varlen: every per-token tensor gets a batch stride of 0 and the sequence's
@@ -210,7 +219,7 @@ def _lse_kernel(
         out_base = h64 * NQ + q0 + rows
     else:
         out_base = (b64 * H + h64) * NQ + rows
-    q_scale = tl.load(QS + out_base, mask=row_ok, other=0.0) if QUANT else qk_scale
+    q_scale = tl.load(QS + out_base, mask=row_ok, other=0.0) if QUANT else 1.0
     k_base = K + b64 * s_kb + hk64 * s_kh
     ks_base = KS + b64 * s_ksb + hk64 * s_ksh + k0
     m_base = MASK + b64 * s_mb + h64 * s_mh
@@ -227,7 +236,7 @@ def _lse_kernel(
             mask=col_ok[:, None] & d_ok[None, :],
             other=0.0,
         )
-        k_scale = tl.load(ks_base + cols, mask=col_ok, other=0.0) if QUANT else qk_scale
+        k_scale = tl.load(ks_base + cols, mask=col_ok, other=0.0) if QUANT else 1.0
         mask_ptr = m_base + rows[:, None] * s_mm + cols[None, :] * s_mn
         s = _scores(_qk(q, k, q_scale, k_scale, qk_scale, QUANT), mask_ptr, rows[:, None], cols[None, :],
                     row_ok[:, None] & col_ok[None, :], IS_CAUSAL, MASK_KIND)  # fmt: skip

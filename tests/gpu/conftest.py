@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import sageattention
-from sageattention import dispatch
+from sageattention import cuda_sm90, dispatch
 from sageattention._checks import MAX_HEAD_DIM
 from sageattention.quant import PVDtype
 
@@ -88,7 +88,7 @@ def compact_keys(k, v, key_mask):
     key-padding mask (bool, broadcastable to [B, H, Nq, Nk] with one row of keys per batch entry), and the
     kept counts: what the sm_90a kernel attends to."""
     b, hkv, nk, d = k.shape
-    keep = key_mask.reshape((1,) * (4 - key_mask.dim()) + tuple(key_mask.shape))[:, 0, 0, :].expand(b, nk)
+    keep = cuda_sm90.key_rows(key_mask, b, nk).bool()
     order = torch.argsort(keep.logical_not().to(torch.uint8), dim=-1, stable=True)
     index = order.view(b, 1, nk, 1).expand(b, hkv, nk, d)
     return k.gather(2, index), v.gather(2, index), keep.sum(dim=-1)

@@ -145,7 +145,7 @@ def backward_types(fn, quant: bool) -> dict:
     kinds = {
         "*i8": ("QT", "KT", "XQ", "XT") + (("Q", "K") if quant else ()),
         "*bf16": ("V", "DO", "DQ", "DK", "DV", "OUT", "X") + (() if quant else ("Q", "K")),
-        "*fp32": ("LSE2", "DELTA", "KMEAN", "DLSE", "QS", "KS", "LSE", "SCALE"),
+        "*fp32": ("LSE2", "DELTA", "KMEAN", "MEAN", "DLSE", "QS", "KS", "LSE", "SCALE"),
         "*u8": ("MASK",),
         "*i32": ("cu_q", "cu_k"),
         "fp32": ("qk_scale", "sm_scale"),
@@ -182,11 +182,5 @@ def test_backward_quant_kernel_compiles():
 @pytest.mark.parametrize("shift", [False, True], ids=["k", "q"])
 def test_center_kernel_compiles(shift):
     fn = backward._center_kernel
-    types = {
-        "X": "*bf16",
-        "MEAN": "*fp32",
-        "LSE": "*fp32",
-        "OUT": "*fp32" if shift else "*bf16",
-        "sm_scale": "fp32",
-    }
+    types = {**backward_types(fn, False), "OUT": "*fp32" if shift else "*bf16"}  # the shifted LSE, or K
     compile_for(fn, 90, types, {"HEAD_DIM": 128, "BLOCK": 64, "D_PAD": 128, "SHIFT": shift})
